@@ -1,0 +1,169 @@
+// The tvm-ffi entry point of one kernel module: check -> device guard -> stream -> launch.
+//
+// The Python package generates, per kernel key (d_qk, topk, arch), a translation unit that includes
+// this header and exports `prefill_fwd<D_QK, TOPK>` and the key string. Python has already validated
+// every argument (SPEC §5); the checks here repeat what the kernel relies on, so that a module can
+// never be fed tensors it was not built for (defence in depth), and raise typed errors instead of
+// crashing. Nothing here synchronizes the device.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill.cuh>
+
+namespace sparse_mla {
+
+namespace ffi = tvm::ffi;
+
+namespace detail {
+
+constexpr int kDV = 512;  // d_v: the "nope" part of each latent row is also the value vector
+
+inline bool has_dtype(const ffi::TensorView& t, int code, int bits) {
+  DLDataType d = t.dtype();
+  return d.code == code && d.bits == bits && d.lanes == 1;
+}
+
+// Checks one tensor's device, dtype and shape; -1 in `shape` accepts any extent.
+inline void check_tensor(const ffi::TensorView& t, const char* name, const DLDevice& device, int code,
+                         int bits, std::initializer_list<int64_t> shape) {
+  if (t.device().device_type != kDLCUDA || t.device().device_id != device.device_id) {
+    TVM_FFI_THROW(ValueError) << name << " must be on q's device cuda:" << device.device_id;
+  }
+  if (!has_dtype(t, code, bits)) {
+    TVM_FFI_THROW(ValueError) << name << " has the wrong dtype (code " << int(t.dtype().code)
+                              << ", " << int(t.dtype().bits) << " bits)";
+  }
+  if (t.ndim() != static_cast<int>(shape.size())) {
+    TVM_FFI_THROW(ValueError) << name << " must have " << shape.size() << " dimensions, got "
+                              << t.ndim();
+  }
+  int dim = 0;
+  for (int64_t extent : shape) {
+    if (extent >= 0 && t.size(dim) != extent) {
+      TVM_FFI_THROW(ValueError) << name << ".shape[" << dim << "] must be " << extent << ", got "
+                                << t.size(dim);
+    }
+    ++dim;
+  }
+  if (t.ndim() > 0 && t.size(-1) > 1 && t.stride(-1) != 1) {
+    TVM_FFI_THROW(ValueError) << name << " must have a contiguous last dimension";
+  }
+}
+
+inline void check_contiguous(const ffi::TensorView& t, const char* name) {
+  int64_t expected = 1;
+  for (int dim = t.ndim() - 1; dim >= 0; --dim) {
+    if (t.size(dim) > 1 && t.stride(dim) != expected) {
+      TVM_FFI_THROW(ValueError) << name << " must be contiguous";
+    }
+    expected *= t.size(dim);
+  }
+}
+
+template <typename T>
+T* data_of(const ffi::TensorView& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+}
+
+// The kernel gathers q and kv rows with 16-byte vector loads.
+inline void check_aligned_rows(const ffi::TensorView& t, const char* name) {
+  bool aligned = reinterpret_cast<uintptr_t>(data_of<char>(t)) % 16 == 0;
+  for (int dim = 0; dim + 1 < t.ndim(); ++dim) aligned = aligned && t.stride(dim) % 16 == 0;
+  if (!aligned) {
+    TVM_FFI_THROW(ValueError) << name << " must start at a 16-byte boundary with strides that are "
+                              << "multiples of 16 elements";
+  }
+}
+
+}  // namespace detail
+
+// q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
+// q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
+// out [s_q, h_q, 512] bf16; max_logits, lse [s_q, h_q] f32. Launches on the stream tvm-ffi took
+// from torch (the caller's current stream).
+template <int D_QK, int TOPK>
+void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
+                 ffi::TensorView q_scale, ffi::TensorView kv_scale,
+                 ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
+                 ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
+                 double sm_scale) {
+  using detail::check_tensor;
+  constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
+  const DLDevice device = q.device();
+  if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "q must be a CUDA tensor";
+
+  check_tensor(q, "q", device, kFloat8E4M3FN, 8, {-1, -1, D_QK});
+  const int64_t s_q = q.size(0), h_q = q.size(1);
+  check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
+  const int64_t s_kv = kv.size(0);
+  check_tensor(indices, "indices", device, kDLInt, 32, {s_q, 1, TOPK});
+  detail::check_contiguous(indices, "indices");
+  check_tensor(q_scale, "q_scale", device, kDLFloat, 32, {1});
+  check_tensor(kv_scale, "kv_scale", device, kDLFloat, 32, {1});
+  check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, detail::kDV});
+  check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
+  check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
+  if (attn_sink.has_value()) {
+    check_tensor(*attn_sink, "attn_sink", device, kDLFloat, 32, {h_q});
+    detail::check_contiguous(*attn_sink, "attn_sink");
+  }
+  if (topk_length.has_value()) {
+    check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
+    detail::check_contiguous(*topk_length, "topk_length");
+  }
+  if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || h_q > INT32_MAX) {
+    TVM_FFI_THROW(ValueError) << "shape out of the supported domain: s_q " << s_q << ", h_q " << h_q
+                              << ", s_kv " << s_kv;
+  }
+  detail::check_aligned_rows(q, "q");
+  detail::check_aligned_rows(kv, "kv");
+  if (s_q == 0) return;
+
+  PrefillParams params{};
+  params.s_q = static_cast<int>(s_q);
+  params.s_kv = static_cast<int>(s_kv);
+  params.h_q = static_cast<int>(h_q);
+  params.topk = TOPK;
+  params.q = detail::data_of<const fp8_e4m3>(q);
+  params.q_stride_s = q.stride(0);
+  params.q_stride_h = q.stride(1);
+  params.kv = detail::data_of<const fp8_e4m3>(kv);
+  params.kv_stride_s = kv.stride(0);
+  params.indices = detail::data_of<const int32_t>(indices);
+  params.topk_length =
+      topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
+  params.attn_sink = attn_sink.has_value() ? detail::data_of<const float>(*attn_sink) : nullptr;
+  params.q_scale = detail::data_of<const float>(q_scale);
+  params.kv_scale = detail::data_of<const float>(kv_scale);
+  params.sm_scale = static_cast<float>(sm_scale);
+  params.out = detail::data_of<bf16>(out);
+  params.out_stride_s = out.stride(0);
+  params.out_stride_h = out.stride(1);
+  params.max_logits = detail::data_of<float>(max_logits);
+  params.max_logits_stride_s = max_logits.stride(0);
+  params.max_logits_stride_h = max_logits.stride(1);
+  params.lse = detail::data_of<float>(lse);
+  params.lse_stride_s = lse.stride(0);
+  params.lse_stride_h = lse.stride(1);
+
+  ffi::CUDADeviceGuard device_guard(device.device_id);
+  auto stream =
+      static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  cudaError_t status = sm90::launch_prefill<D_QK, TOPK>(params, stream);
+  if (status != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "sparse_mla prefill kernel launch failed: "
+                                << cudaGetErrorString(status);
+  }
+}
+
+}  // namespace sparse_mla

@@ -1,0 +1,48 @@
+// Parameters of one sparse MLA prefill call, as the kernels see them.
+//
+// A plain struct passed by value to the kernel. Every pointer is a device pointer; every stride is
+// counted in elements of its tensor's dtype. The caller (entry.cuh) has already checked shapes,
+// dtypes, devices and that each tensor's last dimension is contiguous.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace sparse_mla {
+
+using fp8_e4m3 = __nv_fp8_e4m3;
+using bf16 = __nv_bfloat16;
+
+struct PrefillParams {
+  int s_q;   // query tokens (rows of q); > 0 when a kernel is launched
+  int s_kv;  // rows of the latent KV cache; an index is valid only in [0, s_kv)
+  int h_q;   // query heads; any positive value, the kernel masks its last head block
+  int topk;  // slots per query row; equals the kernel's TOPK template value
+
+  const fp8_e4m3* q;    // [s_q, h_q, d_qk], last dimension contiguous
+  int64_t q_stride_s;   // elements between q[i] and q[i + 1]
+  int64_t q_stride_h;   // elements between q[i, h] and q[i, h + 1]
+  const fp8_e4m3* kv;   // [s_kv, 1, d_qk], last dimension contiguous
+  int64_t kv_stride_s;  // elements between kv[r] and kv[r + 1]
+
+  const int32_t* indices;      // [s_q, 1, topk], contiguous; any int32 value, invalid ones never read
+  const int32_t* topk_length;  // [s_q] or nullptr; slot j of row i is used only if j < topk_length[i]
+  const float* attn_sink;      // [h_q] or nullptr; one extra logit per head with a zero value vector
+  const float* q_scale;        // [1], dequantization scale of q (read on the device: no host sync)
+  const float* kv_scale;       // [1], dequantization scale of kv
+  float sm_scale;              // softmax scale applied to <Q, K> (natural-log units)
+
+  bf16* out;                 // [s_q, h_q, d_v], last dimension contiguous
+  int64_t out_stride_s;
+  int64_t out_stride_h;
+  float* max_logits;         // [s_q, h_q]; -inf for a row with no valid slot
+  int64_t max_logits_stride_s;
+  int64_t max_logits_stride_h;
+  float* lse;                // [s_q, h_q]; natural log, +inf for a row with no valid slot
+  int64_t lse_stride_s;
+  int64_t lse_stride_h;
+};
+
+}  // namespace sparse_mla

@@ -1,0 +1,29 @@
+"""sparse_mla: FP8 sparse MLA prefill attention for NVIDIA Hopper, JIT-compiled per (d_qk, topk).
+
+    from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+    out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale)
+
+Importing this package imports torch but neither tvm-ffi nor a compiler, and does not initialize CUDA.
+"""
+
+from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.errors import (
+    CacheError,
+    JITDisabledError,
+    KernelBuildError,
+    SparseMLAError,
+    ToolchainError,
+    UnsupportedGPUError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheError",
+    "JITDisabledError",
+    "KernelBuildError",
+    "SparseMLAError",
+    "ToolchainError",
+    "UnsupportedGPUError",
+    "sparse_mla_q8kv8_prefill_fwd",
+]

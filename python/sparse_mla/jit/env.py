@@ -1,0 +1,159 @@
+"""Environment: where the cache lives, which switches are set, where the toolchain and headers are.
+
+Read when a kernel is looked up (a miss in the in-process memo), never on the per-call path, and
+never with a subprocess: a cache hit must not start one.
+
+| variable | meaning |
+| --- | --- |
+| ``SPARSE_MLA_JIT_CACHE_DIR`` | the writable cache root (default: ``jit_cache/`` in a source checkout, else ``~/.cache/sparse_mla``) |
+| ``SPARSE_MLA_PREBUILT_DIRS`` | extra read-only cache roots searched after it, separated by ``os.pathsep`` |
+| ``SPARSE_MLA_DISABLE_JIT=1`` | a cache miss raises :class:`~sparse_mla.errors.JITDisabledError` instead of compiling |
+| ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
+| ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+from pathlib import Path
+
+from sparse_mla.errors import ToolchainError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def jit_disabled() -> bool:
+    return _flag("SPARSE_MLA_DISABLE_JIT")
+
+
+def verbose() -> bool:
+    return _flag("SPARSE_MLA_JIT_VERBOSE")
+
+
+def source_checkout_root() -> Path | None:
+    """The repository root when the package runs from a source checkout (``python/sparse_mla``)."""
+    root = _PACKAGE_DIR.parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "include" / "sparse_mla").is_dir():
+        return root
+    return None
+
+
+def default_cache_dir() -> Path:
+    checkout = source_checkout_root()
+    if checkout is not None:
+        return checkout / "jit_cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "sparse_mla"
+
+
+def cache_dir() -> Path:
+    """The writable cache root."""
+    configured = os.environ.get("SPARSE_MLA_JIT_CACHE_DIR")
+    return Path(configured).expanduser() if configured else default_cache_dir()
+
+
+def lookup_dirs() -> list[Path]:
+    """Cache roots searched for a built module, in order: the writable root, then prebuilt roots."""
+    roots = [cache_dir()]
+    for entry in os.environ.get("SPARSE_MLA_PREBUILT_DIRS", "").split(os.pathsep):
+        if entry.strip():
+            roots.append(Path(entry.strip()).expanduser())
+    checkout = source_checkout_root()
+    if checkout is not None:
+        roots.append(checkout / "jit_cache")
+    unique: list[Path] = []
+    for root in roots:
+        if root not in unique:
+            unique.append(root)
+    return unique
+
+
+def include_dir() -> Path:
+    """The directory holding ``sparse_mla/entry.cuh``: inside the installed package, or the checkout's."""
+    for candidate in (_PACKAGE_DIR / "include", _PACKAGE_DIR.parent.parent / "include"):
+        if (candidate / "sparse_mla" / "entry.cuh").is_file():
+            return candidate
+    raise ToolchainError(
+        f"the sparse_mla kernel headers are missing (looked for sparse_mla/entry.cuh under "
+        f"{_PACKAGE_DIR / 'include'}); reinstall the package"
+    )
+
+
+def header_files() -> list[Path]:
+    """Every header that can change the compiled kernel, in a stable order."""
+    root = include_dir() / "sparse_mla"
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".cuh", ".h", ".hpp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cutlass:
+    version: str
+    include_dirs: tuple[str, ...]
+
+
+def cutlass() -> Cutlass:
+    """CUTLASS/CuTe headers from the ``nvidia-cutlass`` wheel, found without importing it."""
+    spec = importlib.util.find_spec("cutlass_library")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        include = Path(location) / "source" / "include"
+        if (include / "cute" / "tensor.hpp").is_file():
+            try:
+                version = importlib.metadata.version("nvidia-cutlass")
+            except importlib.metadata.PackageNotFoundError:
+                version = _cutlass_header_version(include)
+            util = Path(location) / "source" / "tools" / "util" / "include"
+            dirs = (str(include),) + ((str(util),) if util.is_dir() else ())
+            return Cutlass(version=version, include_dirs=dirs)
+    raise ToolchainError(
+        "the CUTLASS/CuTe headers are missing: `pip install nvidia-cutlass` "
+        "(sparse_mla looks for cutlass_library/source/include/cute/tensor.hpp)"
+    )
+
+
+def _cutlass_header_version(include: Path) -> str:
+    text = (include / "cutlass" / "version.h").read_text()
+    parts = [re.search(rf"#define CUTLASS_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) if m else "?" for m in parts)
+
+
+def cuda_home() -> Path | None:
+    """The CUDA toolkit: CUDA_HOME/CUDA_PATH, /usr/local/cuda, or where the real ``nvcc`` lives.
+
+    ``nvcc`` on PATH may be a wrapper script (``/usr/local/bin/nvcc`` here), so a candidate counts only
+    if it holds both ``bin/nvcc`` and ``include/cuda.h``.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "bin" / "nvcc").is_file() and (
+            Path(candidate) / "include" / "cuda.h"
+        ).is_file():
+            return Path(candidate)
+    return None
+
+
+def cuda_version(home: Path | None) -> str | None:
+    """``CUDA_VERSION`` from the toolkit's cuda.h (e.g. ``13000``): a version read with no subprocess."""
+    if home is None:
+        return None
+    match = re.search(r"#define CUDA_VERSION\s+(\d+)", (home / "include" / "cuda.h").read_text())
+    return match.group(1) if match else None
+
+
+def tvm_ffi_version() -> str:
+    try:
+        return importlib.metadata.version("apache-tvm-ffi")
+    except importlib.metadata.PackageNotFoundError as error:
+        raise ToolchainError("apache-tvm-ffi is not installed: `pip install apache-tvm-ffi`") from error

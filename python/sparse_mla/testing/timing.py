@@ -1,0 +1,48 @@
+"""GPU timing for examples and benchmarks: the ANCHORS.md protocol (L2 flushed, CUDA events, median).
+
+Touches CUDA only when `median_time_ms` is called.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+__all__ = ["L2_FLUSH_BYTES", "median_time_ms", "prefill_flops"]
+
+L2_FLUSH_BYTES = 256 * 2**20  # written before every timed call: several times the H200's 60 MiB L2
+
+
+def prefill_flops(s_q: int, h_q: int, topk: int, d_qk: int, d_v: int = 512) -> int:
+    """FLOP count of one prefill call (SPEC §9): ``2 * s_q * h_q * topk * (d_qk + d_v)``."""
+    return 2 * s_q * h_q * topk * (d_qk + d_v)
+
+
+def median_time_ms(
+    fn: Callable[[], object],
+    *,
+    iters: int = 30,
+    warmup: int = 3,
+    flush_bytes: int = L2_FLUSH_BYTES,
+    device: str | torch.device = "cuda",
+) -> float:
+    """Median milliseconds of ``fn()`` on the current CUDA stream over ``iters`` timed calls.
+
+    ``warmup`` untimed calls come first (they also absorb a JIT compile). Before every timed call a
+    ``flush_bytes`` buffer is zeroed so the call starts with a cold L2; CUDA events bracket only
+    ``fn()``.
+    """
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))

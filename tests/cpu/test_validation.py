@@ -1,0 +1,260 @@
+"""Every validation rule of SPEC §5: the exception type, the words of the message, and that a rejected
+call never reaches the JIT. Tensors are fake CUDA tensors (metadata only), so no GPU is needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import fake_cuda, valid_args
+from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.validate import check_pointers, validate_prefill_args
+
+TENSOR_ARGS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
+
+
+def _full_args(**overrides):
+    args = valid_args(sink=True, lengths=True, outputs=True)
+    args.update(overrides)
+    return args
+
+
+def _rejects(error, match, **overrides):
+    with pytest.raises(error, match=match):
+        validate_prefill_args(**_full_args(**overrides))
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def test_valid_call_passes():
+    validate_prefill_args(**_full_args())
+    validate_prefill_args(**valid_args())  # optional arguments absent
+
+
+@pytest.mark.parametrize("name", TENSOR_ARGS)
+def test_cpu_tensor_is_rejected_before_the_jit(name, no_compiler):
+    args = _full_args()
+    args[name] = _cpu(args[name])
+    with pytest.raises(ValueError, match=f"^{name} must be a CUDA tensor$"):
+        sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+def test_all_cpu_tensors_name_q_first(no_compiler):
+    args = {k: (_cpu(v) if isinstance(v, torch.Tensor) else v) for k, v in _full_args().items()}
+    with pytest.raises(ValueError, match="^q must be a CUDA tensor$"):
+        sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+@pytest.mark.parametrize("name", [n for n in TENSOR_ARGS if n != "q"])
+def test_mixed_devices_are_rejected(name, no_compiler):
+    args = _full_args()
+    other = args[name]
+    args[name] = fake_cuda(other.shape, other.dtype, index=1)
+    with pytest.raises(ValueError, match=f"^{name} must be on q's device cuda:0, got cuda:1$"):
+        sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+@pytest.mark.parametrize(
+    "name, shape, dtype",
+    [
+        ("q", (4, 16, 576), torch.bfloat16),
+        ("q", (4, 16, 576), torch.float8_e5m2),
+        ("kv", (100, 1, 576), torch.bfloat16),
+        ("indices", (4, 1, 64), torch.int64),
+        ("q_scale", (1,), torch.float64),
+        ("kv_scale", (1,), torch.bfloat16),
+        ("attn_sink", (16,), torch.bfloat16),
+        ("topk_length", (4,), torch.int64),
+        ("out", (4, 16, 512), torch.float16),
+        ("max_logits", (4, 16), torch.bfloat16),
+        ("lse", (4, 16), torch.float64),
+    ],
+)
+def test_wrong_dtype(name, shape, dtype, no_compiler):
+    args = _full_args(**{name: fake_cuda(shape, dtype)})
+    with pytest.raises(ValueError, match=f"^{name} must have dtype .*, got {dtype}$"):
+        sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+@pytest.mark.parametrize("name", ["q", "kv", "indices", "q_scale", "kv_scale"])
+@pytest.mark.parametrize("value", [None, 3, [1.0], "x"])
+def test_non_tensor_is_a_type_error(name, value):
+    _rejects(TypeError, f"^{name} must be a torch.Tensor, got", **{name: value})
+
+
+@pytest.mark.parametrize("name", ["attn_sink", "topk_length", "out", "max_logits", "lse"])
+def test_optional_non_tensor_is_a_type_error(name):
+    _rejects(TypeError, f"^{name} must be a torch.Tensor, got list", **{name: [0.0]})
+
+
+@pytest.mark.parametrize("value", ["0.1", None, True, torch.tensor(0.1)])
+def test_sm_scale_must_be_a_python_float(value):
+    _rejects(TypeError, "^sm_scale must be a Python float", sm_scale=value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_sm_scale_must_be_finite(value):
+    _rejects(ValueError, "sm_scale must be finite", sm_scale=value)
+
+
+def test_integer_sm_scale_is_accepted():
+    validate_prefill_args(**_full_args(sm_scale=1))
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(q=fake_cuda((4, 16), torch.float8_e4m3fn)), r"q must have 3 dimensions \[s_q, h_q, d_qk\]"),
+        (dict(kv=fake_cuda((100, 576), torch.float8_e4m3fn)), r"kv must have 3 dimensions"),
+        (dict(indices=fake_cuda((4, 64), torch.int32)), r"indices must have 3 dimensions"),
+        (dict(q=fake_cuda((4, 16, 320), torch.float8_e4m3fn)), r"d_qk\) must be one of \[512, 576\], got 320"),
+        (dict(kv=fake_cuda((100, 2, 576), torch.float8_e4m3fn)), r"h_kv\) must be 1, got 2"),
+        (dict(kv=fake_cuda((100, 1, 512), torch.float8_e4m3fn)), r"kv.shape\[2\] must equal q's d_qk 576, got 512"),
+        (dict(indices=fake_cuda((5, 1, 64), torch.int32)), r"indices must have shape \[s_q, h_kv, topk\] = \[4, 1, topk\]"),
+        (dict(indices=fake_cuda((4, 2, 64), torch.int32)), r"indices must have shape"),
+        (dict(d_v=256), r"d_v must be 512, got 256"),
+        (dict(q_scale=fake_cuda((2,), torch.float32)), r"q_scale must have exactly one element"),
+        (dict(kv_scale=fake_cuda((0,), torch.float32)), r"kv_scale must have exactly one element"),
+        (dict(attn_sink=fake_cuda((8,), torch.float32)), r"attn_sink must have shape \[h_q\] = \[16\], got \[8\]"),
+        (dict(topk_length=fake_cuda((4, 1), torch.int32)), r"topk_length must have shape \[s_q\] = \[4\]"),
+        (dict(out=fake_cuda((4, 16, 576), torch.bfloat16)), r"out must have shape \[s_q, h_q, d_v\] = \[4, 16, 512\]"),
+        (dict(max_logits=fake_cuda((4, 8), torch.float32)), r"max_logits must have shape \[s_q, h_q\] = \[4, 16\]"),
+        (dict(lse=fake_cuda((16, 4), torch.float32)), r"lse must have shape \[s_q, h_q\] = \[4, 16\]"),
+    ],
+)
+def test_rank_and_shape(overrides, match):
+    _rejects(ValueError, match, **overrides)
+
+
+def test_d_v_must_be_an_int():
+    _rejects(TypeError, "d_v must be an int", d_v=512.0)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: valid_args(h_q=0), r"h_q \(q.shape\[1\]\) must be positive, got 0"),
+        (lambda: valid_args(s_kv=0), r"s_kv \(kv.shape\[0\]\) must be positive, got 0"),
+        (lambda: valid_args(topk=0), r"topk \(indices.shape\[2\]\) must be positive, got 0"),
+    ],
+)
+def test_domain(make, match):
+    with pytest.raises(ValueError, match=match):
+        validate_prefill_args(**make())
+
+
+@pytest.mark.parametrize("s_q, h_q, topk", [(0, 16, 64), (1, 1, 1), (3, 100, 7), (2, 128, 2048), (5, 24, 100)])
+def test_domain_accepts_any_positive_h_q_and_topk_and_empty_s_q(s_q, h_q, topk):
+    validate_prefill_args(**valid_args(s_q=s_q, h_q=h_q, topk=topk, sink=True, lengths=True, outputs=True))
+
+
+def test_strided_q_and_kv_with_contiguous_last_dim_are_accepted():
+    q = fake_cuda((4, 16, 640), torch.float8_e4m3fn, view=lambda t: t[:, :, :576])  # slice of a projection
+    q_heads = fake_cuda((4, 32, 576), torch.float8_e4m3fn, view=lambda t: t[:, ::2])  # every other head
+    kv = fake_cuda((100, 1, 1152), torch.float8_e4m3fn, view=lambda t: t[:, :, 576:])  # second half of a row
+    validate_prefill_args(**_full_args(q=q, kv=kv))
+    validate_prefill_args(**_full_args(q=q_heads))
+
+
+@pytest.mark.parametrize(
+    "name, make, match",
+    [
+        ("q", lambda: fake_cuda((4, 576, 16), torch.float8_e4m3fn, view=lambda t: t.transpose(1, 2)), "q must have a contiguous last dimension"),
+        ("kv", lambda: fake_cuda((100, 1, 1152), torch.float8_e4m3fn, view=lambda t: t[:, :, ::2]), "kv must have a contiguous last dimension"),
+        ("q", lambda: fake_cuda((4, 16, 584), torch.float8_e4m3fn, view=lambda t: t[:, :, :576]), "q's strides must be multiples of 16"),
+        ("kv", lambda: fake_cuda((100, 1, 580), torch.float8_e4m3fn, view=lambda t: t[:, :, :576]), "kv's strides must be multiples of 16"),
+        ("q", lambda: fake_cuda((4 * 16 * 576 + 8,), torch.float8_e4m3fn, view=lambda t: t[8:].view(4, 16, 576)), "q must start 16-byte aligned"),
+        ("indices", lambda: fake_cuda((4, 1, 128), torch.int32, view=lambda t: t[:, :, ::2]), "indices must be contiguous"),
+        ("attn_sink", lambda: fake_cuda((32,), torch.float32, view=lambda t: t[::2]), "attn_sink must be contiguous"),
+        ("topk_length", lambda: fake_cuda((8,), torch.int32, view=lambda t: t[::2]), "topk_length must be contiguous"),
+        ("out", lambda: fake_cuda((4, 16, 1024), torch.bfloat16, view=lambda t: t[:, :, ::2]), "out must have a contiguous last dimension"),
+        ("lse", lambda: fake_cuda((16, 4), torch.float32, view=lambda t: t.t()), "lse must have a contiguous last dimension"),
+    ],
+)
+def test_strides(name, make, match):
+    _rejects(ValueError, match, **{name: make()})
+
+
+def test_strided_outputs_with_contiguous_last_dim_are_accepted():
+    out = fake_cuda((4, 32, 512), torch.bfloat16, view=lambda t: t[:, 16:])
+    lse = fake_cuda((4, 32), torch.float32, view=lambda t: t[:, :16])
+    validate_prefill_args(**_full_args(out=out, lse=lse))
+
+
+def _real(shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype)
+
+
+def _pointer_inputs():
+    return dict(
+        q=_real((2, 4, 576), torch.float8_e4m3fn),
+        kv=_real((8, 1, 576), torch.float8_e4m3fn),
+        indices=_real((2, 1, 4), torch.int32),
+        q_scale=_real((1,)),
+        kv_scale=_real((1,)),
+        attn_sink=None,
+        topk_length=None,
+    )
+
+
+def test_disjoint_outputs_pass_the_pointer_checks():
+    outputs = dict(out=_real((2, 4, 512), torch.bfloat16), max_logits=_real((2, 4)), lse=_real((2, 4)))
+    check_pointers(_pointer_inputs(), outputs)
+
+
+def test_outputs_aliasing_each_other_are_rejected():
+    buffer = _real((2, 4))
+    with pytest.raises(ValueError, match="^lse must not overlap max_logits in memory$"):
+        check_pointers(_pointer_inputs(), dict(max_logits=buffer, lse=buffer))
+    stacked = _real((2, 2, 4))
+    check_pointers(_pointer_inputs(), dict(max_logits=stacked[0], lse=stacked[1]))  # adjacent, disjoint
+
+
+def test_output_overlapping_an_input_is_rejected():
+    inputs = _pointer_inputs()
+    storage = _real((2 * 4 * 512,), torch.bfloat16)  # 8192 bytes
+    inputs["q"] = storage.view(torch.float8_e4m3fn)[: 2 * 4 * 576].view(2, 4, 576)
+    out = storage.view(2, 4, 512)
+    with pytest.raises(ValueError, match="^out must not overlap q in memory$"):
+        check_pointers(inputs, dict(out=out))
+
+
+def test_misaligned_q_pointer_is_rejected():
+    inputs = _pointer_inputs()
+    inputs["q"] = _real((2 * 4 * 576 + 1,), torch.float8_e4m3fn)[1:].view(2, 4, 576)
+    with pytest.raises(ValueError, match="q must start at a 16-byte aligned address"):
+        check_pointers(inputs, {})
+
+
+def test_cpu_call_without_any_compiler_on_path_raises_the_spec_message(tmp_path):
+    """In a fresh process with no nvcc, CUDA_HOME or ninja reachable: the SPEC message, nothing built."""
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+        q = torch.zeros(2, 16, 576, dtype=torch.float8_e4m3fn)
+        kv = torch.zeros(8, 1, 576, dtype=torch.float8_e4m3fn)
+        indices = torch.zeros(2, 1, 64, dtype=torch.int32)
+        scale = torch.ones(1)
+        try:
+            sparse_mla_q8kv8_prefill_fwd(q, kv, indices, 0.04, scale, scale)
+        except ValueError as error:
+            print("ERROR:", error)
+        print("tvm_ffi imported:", "tvm_ffi" in sys.modules)
+        """
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    environment["PATH"] = str(tmp_path)  # an empty directory: no nvcc, no ninja, no c++
+    environment["SPARSE_MLA_JIT_CACHE_DIR"] = str(tmp_path / "cache")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ERROR: q must be a CUDA tensor\n" in result.stdout
+    assert "tvm_ffi imported: False" in result.stdout
+    assert not (tmp_path / "cache").exists()
