@@ -112,9 +112,11 @@ class KernelCache:
 
     def _find_or_build(self, key: KernelKey) -> Any:
         spec = self._spec_for(key)
-        module = self._lookup(spec)
-        if module is not None:
-            return module
+        for root in env.lookup_dirs():
+            for entry_dir in self._candidates(spec, root):
+                module = self._try_load(spec, entry_dir)
+                if module is not None:
+                    return module
         if env.jit_disabled():
             roots = ", ".join(str(r) for r in env.lookup_dirs())
             raise JITDisabledError(
@@ -123,21 +125,7 @@ class KernelCache:
                 key_name=key.name,
                 prebuild_command=key.prebuild_command,
             )
-        entry_dir, _ = self.build(spec, env.cache_dir())
-        return self._load_checked(spec, entry_dir)
-
-    def _lookup(self, spec: BuildSpec) -> Any:
-        for root in env.lookup_dirs():
-            for entry_dir in self._candidates(spec, root):
-                if read_entry(entry_dir) is None:
-                    if (entry_dir / KEY_FILE).exists():
-                        logger.warning("sparse_mla: ignoring corrupt cache entry %s", entry_dir)
-                    continue
-                try:
-                    return self._load_checked(spec, entry_dir)
-                except SparseMLAError as error:
-                    logger.warning("sparse_mla: cannot load cache entry %s (%s)", entry_dir, error)
-        return None
+        return self.build(spec, env.cache_dir())[2]
 
     @staticmethod
     def _candidates(spec: BuildSpec, root: Path) -> list[Path]:
@@ -164,22 +152,36 @@ class KernelCache:
             raise CacheError(f"cache entry {entry_dir} holds {loaded_key}, not {spec.key.name}")
         return module
 
+    def _try_load(self, spec: BuildSpec, entry_dir: Path) -> Any:
+        """The module of an intact, loadable entry; None (logged unless simply absent) otherwise."""
+        if not entry_dir.exists():
+            return None
+        try:
+            return self._load_checked(spec, entry_dir)
+        except CacheError as error:
+            logger.warning("sparse_mla: unusable cache entry %s (%s)", entry_dir, error)
+            return None
+
     # ---- building (also the prebuild command) --------------------------------------------------
 
-    def build(self, spec: BuildSpec, root: Path) -> tuple[Path, float | None]:
-        """Make sure ``root`` holds an intact entry for ``spec``; returns (entry, compile seconds or
-        None when another process or an earlier run had built it)."""
+    def build(self, spec: BuildSpec, root: Path) -> tuple[Path, float | None, Any]:
+        """Make sure ``root`` holds a loadable entry for ``spec``. Returns (entry, compile seconds or
+        None when another process or an earlier run had built it, the loaded module)."""
         entry_dir = spec.entry_dir(root)
         with _cache_errors(root, spec.key):
             entry_dir.parent.mkdir(parents=True, exist_ok=True)
             with _file_lock(entry_dir.parent / f".{entry_dir.name}.lock"):
-                if read_entry(entry_dir) is not None:
-                    return entry_dir, None
+                module = self._try_load(spec, entry_dir)
+                if module is not None:
+                    return entry_dir, None, module
+                # Holding the lock, any staging directory of this entry belongs to a killed build.
+                for leftover in entry_dir.parent.glob(f"{_STAGING_PREFIX}{entry_dir.name}-*"):
+                    shutil.rmtree(leftover, ignore_errors=True)
                 if entry_dir.exists():
-                    logger.warning("sparse_mla: rebuilding corrupt cache entry %s", entry_dir)
+                    logger.warning("sparse_mla: rebuilding unusable cache entry %s", entry_dir)
                     _remove(entry_dir)
                 seconds = self._build_and_publish(spec, entry_dir)
-        return entry_dir, seconds
+        return entry_dir, seconds, self._load_checked(spec, entry_dir)
 
     def _build_and_publish(self, spec: BuildSpec, entry_dir: Path) -> float:
         staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{entry_dir.name}-", dir=entry_dir.parent))
@@ -229,7 +231,9 @@ class KernelCache:
                 _remove(staging)
 
     def prebuild(self, key: KernelKey, root: Path) -> tuple[Path, float | None]:
-        return self.build(self._spec_for(key), root)
+        """Build ``key`` into ``root`` (loading it once proves the entry); for the prebuild command."""
+        entry_dir, seconds, _ = self.build(self._spec_for(key), root)
+        return entry_dir, seconds
 
 
 @contextlib.contextmanager

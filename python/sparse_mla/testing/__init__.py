@@ -2,7 +2,8 @@
 
 - `reference_prefill`: SPEC §3 in torch (CPU or CUDA), the reference every test compares with;
   `relative_error` and `assert_close_to_reference`: the SPEC §8 acceptance rule.
-- `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain.
+- `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain;
+  `poisoned_outputs`: NaN-filled preallocated outputs.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol of ANCHORS.md.
 
@@ -16,6 +17,7 @@ from sparse_mla.testing.inputs import (
     INT32_MAX,
     INT32_MIN,
     make_inputs,
+    poisoned_outputs,
     quantize_fp8,
     random_indices,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "index_overlap_stats",
     "make_inputs",
     "median_time_ms",
+    "poisoned_outputs",
     "prefill_flops",
     "quantize_fp8",
     "random_indices",

@@ -26,6 +26,7 @@ __all__ = [
     "INT32_MAX",
     "INT32_MIN",
     "make_inputs",
+    "poisoned_outputs",
     "quantize_fp8",
     "random_indices",
 ]
@@ -47,10 +48,13 @@ _SAMPLE_ELEMENTS = 1 << 26  # random scores drawn at once when sampling indices 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor e4m3 quantization: returns ``(x_fp8, scale)`` with ``x ~= x_fp8.float() * scale``.
 
-    ``scale = amax(|x|) / 448`` is a one-element float32 tensor on x's device (an all-zero x gets the
-    smallest positive scale, so the division stays finite). ``x_fp8`` is contiguous.
+    ``scale = amax(|x|) / 448`` is a one-element float32 tensor on x's device (an all-zero or empty x
+    gets the smallest positive scale, so the division stays finite). ``x_fp8`` is contiguous.
     """
-    amax = x.detach().abs().amax().float().reshape(1)
+    if x.numel() == 0:
+        amax = torch.zeros(1, device=x.device)
+    else:
+        amax = x.detach().abs().amax().float().reshape(1)
     scale = amax.clamp_min(torch.finfo(torch.float32).tiny) / FP8_E4M3_MAX
     # The clamp guards against a rounding of x / scale just above 448, which some torch versions cast
     # to NaN instead of saturating.
@@ -177,6 +181,16 @@ def make_inputs(
         "d_v": 512,
         "attn_sink": sinks,
         "topk_length": lengths,
+    }
+
+
+def poisoned_outputs(s_q: int, h_q: int, d_v: int = 512, *, device: str | torch.device = "cuda") -> dict:
+    """Preallocated ``out`` (bf16), ``max_logits`` and ``lse`` (float32), all NaN, as a dict of the
+    API's keyword arguments: an element the kernel fails to write stays NaN and fails the check."""
+    return {
+        "out": torch.full((s_q, h_q, d_v), math.nan, dtype=torch.bfloat16, device=device),
+        "max_logits": torch.full((s_q, h_q), math.nan, dtype=torch.float32, device=device),
+        "lse": torch.full((s_q, h_q), math.nan, dtype=torch.float32, device=device),
     }
 
 

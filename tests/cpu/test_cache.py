@@ -1,0 +1,282 @@
+"""The kernel cache with a fake builder: one build under concurrency, atomic publish, corrupt and
+killed builds, typed errors for unusable cache directories, the disabled-JIT switch (SPEC §6,
+issue 3 items 1-3)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fake_jit
+from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, ToolchainError
+from sparse_mla.jit import build as build_module
+from sparse_mla.jit.cache import KEY_FILE, KernelCache, read_entry
+from sparse_mla.jit.key import KernelKey
+
+KEY = KernelKey(576, 2048)
+TESTS_CPU = str(Path(__file__).parent)
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPARSE_MLA_JIT_CACHE_DIR", str(root))
+    monkeypatch.delenv("SPARSE_MLA_PREBUILT_DIRS", raising=False)
+    monkeypatch.delenv("SPARSE_MLA_DISABLE_JIT", raising=False)
+    monkeypatch.setenv("FAKE_JIT_BUILD_LOG", str(tmp_path / "builds.log"))
+    monkeypatch.setattr("sparse_mla.jit.env.source_checkout_root", lambda: None)
+    return root
+
+
+def builds(cache_root: Path) -> list[str]:
+    log = cache_root.parent / "builds.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def entry_of(root: Path, key: KernelKey = KEY) -> Path:
+    return fake_jit.fake_spec(key).entry_dir(root)
+
+
+def test_build_publishes_a_complete_entry_then_hits(cache_root):
+    module = fake_jit.fake_cache().get(KEY)
+    assert module.kernel_key() == KEY.name
+    entry = entry_of(cache_root)
+    assert entry == cache_root / "sm90a" / KEY.name / entry.name and len(entry.name) == 16
+    meta = json.loads((entry / KEY_FILE).read_text())
+    assert meta["key"]["name"] == KEY.name and meta["so_file"] == "fake.so"
+    assert {p.name for p in entry.iterdir()} >= {"fake.so", "build.log", KEY_FILE}
+    assert not list(entry.parent.glob(".staging-*"))
+    # A new process (a new cache object) loads it without building.
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 1
+
+
+def test_cache_hit_starts_no_subprocess(cache_root, monkeypatch):
+    fake_jit.fake_cache().get(KEY)
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("a cache hit started a subprocess")
+
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+
+
+def test_memo_returns_the_same_module(cache_root):
+    cache = fake_jit.fake_cache()
+    assert cache.get(KEY) is cache.get(KEY)
+
+
+def test_distinct_keys_get_distinct_entries(cache_root):
+    cache = fake_jit.fake_cache()
+    for key in (KernelKey(512, 512), KernelKey(576, 2048), KernelKey(576, 7)):
+        assert cache.get(key).kernel_key() == key.name
+    assert len(builds(cache_root)) == 3
+
+
+def test_threads_asking_for_one_new_key_build_once(cache_root, monkeypatch):
+    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "0.5")
+    cache = fake_jit.fake_cache()
+    barrier = threading.Barrier(8)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(cache.get(KEY))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(m is results[0] for m in results)
+    assert len(builds(cache_root)) == 1
+
+
+def test_eight_processes_sharing_an_empty_cache_build_once(cache_root, monkeypatch):
+    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS_CPU, *sys.path]))
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Manager().Barrier(8)
+    with context.Pool(8) as pool:
+        names = pool.starmap(fake_jit.get_in_child, [(KEY.d_qk, KEY.topk, barrier)] * 8)
+    assert names == [KEY.name] * 8
+    assert len(builds(cache_root)) == 1
+
+
+def test_failed_build_leaves_no_entry_and_reports_key_command_and_log(cache_root):
+    def broken(spec, build_dir):
+        (build_dir / "partial.o").write_bytes(b"half")
+        raise RuntimeError("ninja exited with status 1\nstdout:\n[1/2] /cuda/bin/nvcc -c x.cu -o x.o\nerror: oops")
+
+    cache = KernelCache(builder=broken, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec)
+    with pytest.raises(KernelBuildError) as raised:
+        cache.get(KEY)
+    error = raised.value
+    assert error.key_name == KEY.name and KEY.name in str(error)
+    assert error.command == "/cuda/bin/nvcc -c x.cu -o x.o" and error.command in str(error)
+    assert "error: oops" in Path(error.log_path).read_text() and error.log_path in str(error)
+    assert not entry_of(cache_root).exists()
+    assert not list(entry_of(cache_root).parent.glob(".staging-*"))
+    # The next call (with a working compiler) builds it.
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "delete_key_json", "wrong_key"])
+def test_corrupt_entry_is_detected_logged_and_rebuilt(cache_root, caplog, damage):
+    fake_jit.fake_cache().get(KEY)
+    entry = entry_of(cache_root)
+    so = entry / "fake.so"
+    if damage == "truncate":
+        so.write_bytes(so.read_bytes()[:10])
+    elif damage == "garbage":
+        so.write_bytes(os.urandom(200))
+    elif damage == "empty":
+        so.write_bytes(b"")
+    elif damage == "delete_key_json":
+        (entry / KEY_FILE).unlink()
+    else:  # a well-formed module of another key, with a matching checksum
+        so.write_bytes(b"FAKE:another_kernel\n")
+        meta = json.loads((entry / KEY_FILE).read_text())
+        meta["so_sha256"] = build_module.file_sha256(so)
+        (entry / KEY_FILE).write_text(json.dumps(meta))
+    assert read_entry(entry) is None or damage == "wrong_key"
+    with caplog.at_level(logging.WARNING, logger="sparse_mla"):
+        module = fake_jit.fake_cache().get(KEY)
+    assert module.kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 2
+    assert read_entry(entry) is not None
+    if damage != "delete_key_json":
+        assert any(str(entry) in r.getMessage() for r in caplog.records)
+
+
+def test_build_killed_by_sigkill_leaves_nothing_loadable(cache_root, tmp_path):
+    """A process killed mid-build (SIGKILL: no cleanup runs) leaves only a staging directory, which
+    is never loaded; the lock dies with the process and the next call rebuilds."""
+    script = textwrap.dedent(
+        f"""
+        import sys; sys.path.insert(0, {TESTS_CPU!r})
+        import fake_jit
+        from sparse_mla.jit.key import KernelKey
+        fake_jit.fake_cache().get(KernelKey({KEY.d_qk}, {KEY.topk}))
+        """
+    )
+    environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="60")
+    child = subprocess.Popen([sys.executable, "-c", script], env=environment)
+    parent = entry_of(cache_root).parent
+    deadline = time.time() + 60
+    while not list(parent.glob(".staging-*")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(parent.glob(".staging-*")), "the child never started building"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert not entry_of(cache_root).exists()
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 2
+    assert not list(parent.glob(".staging-*")), "the killed build's staging directory was not cleaned"
+
+
+def test_disabled_jit_names_the_exact_prebuild_command(cache_root, monkeypatch):
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    with pytest.raises(JITDisabledError) as raised:
+        fake_jit.fake_cache().get(KEY)
+    assert "python -m sparse_mla prebuild --d-qk 576 --topk 2048" in str(raised.value)
+    assert raised.value.prebuild_command == "python -m sparse_mla prebuild --d-qk 576 --topk 2048"
+    assert builds(cache_root) == []
+
+
+def test_disabled_jit_loads_what_is_prebuilt(cache_root, monkeypatch, tmp_path):
+    prebuilt = tmp_path / "prebuilt"
+    fake_jit.fake_cache().prebuild(KEY, prebuilt)
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    monkeypatch.setenv("SPARSE_MLA_PREBUILT_DIRS", str(prebuilt))
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 1
+    assert not cache_root.exists()  # the hit wrote nothing into the writable root
+
+
+def test_moved_cache_root_still_hits(cache_root, monkeypatch, tmp_path):
+    fake_jit.fake_cache().get(KEY)
+    moved = tmp_path / "moved"
+    cache_root.rename(moved)
+    monkeypatch.setenv("SPARSE_MLA_JIT_CACHE_DIR", str(moved))
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 1
+
+
+def test_host_without_cuda_toolkit_loads_an_entry_built_from_the_same_sources(cache_root):
+    fake_jit.fake_cache().get(KEY)
+    no_toolkit = KernelCache(
+        builder=fake_jit.fake_build,
+        loader=fake_jit.fake_load,
+        spec_for=lambda key: fake_jit.fake_spec(key, cuda_version=None),
+    )
+    assert no_toolkit.get(KEY).kernel_key() == KEY.name
+    assert len(builds(cache_root)) == 1
+
+
+@pytest.mark.parametrize(
+    "error_number, words",
+    [(errno.EROFS, "is not writable"), (errno.EACCES, "is not writable"), (errno.ENOSPC, "is out of space")],
+)
+def test_unusable_cache_directory_is_one_typed_actionable_error(cache_root, monkeypatch, error_number, words):
+    real_mkdir = Path.mkdir
+
+    def failing_mkdir(self, *args, **kwargs):
+        if str(self).startswith(str(cache_root)):
+            raise OSError(error_number, os.strerror(error_number), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", failing_mkdir)
+    with pytest.raises(CacheError, match=words) as raised:
+        fake_jit.fake_cache().get(KEY)
+    assert "SPARSE_MLA_JIT_CACHE_DIR" in str(raised.value)
+    assert "python -m sparse_mla prebuild --d-qk 576 --topk 2048" in str(raised.value)
+
+
+def test_disk_full_during_the_build_is_a_cache_error_and_leaves_nothing(cache_root):
+    def disk_full(spec, build_dir):
+        (build_dir / "partial.o").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cache = KernelCache(builder=disk_full, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec)
+    with pytest.raises(CacheError, match="is out of space"):
+        cache.get(KEY)
+    parent = entry_of(cache_root).parent
+    assert not entry_of(cache_root).exists() and not list(parent.glob(".staging-*"))
+
+
+def test_cache_root_that_is_a_file_is_a_cache_error(tmp_path, monkeypatch, cache_root):
+    cache_root.write_text("not a directory")
+    with pytest.raises(CacheError, match="cannot be used"):
+        fake_jit.fake_cache().get(KEY)
+
+
+def test_missing_nvcc_is_a_toolchain_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module.env, "cuda_home", lambda: None)
+    with pytest.raises(ToolchainError, match="nvcc was not found.*CUDA_HOME"):
+        build_module.compile_module(fake_jit.fake_spec(KEY), tmp_path)
+
+
+def test_missing_cutlass_is_a_toolchain_error(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ToolchainError, match="pip install nvidia-cutlass"):
+        build_module.build_spec(KEY)
+
+
+def test_missing_headers_is_a_toolchain_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(build_module.env, "_PACKAGE_DIR", tmp_path / "python" / "sparse_mla")
+    with pytest.raises(ToolchainError, match="kernel headers are missing"):
+        build_module.build_spec(KEY)

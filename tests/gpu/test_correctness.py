@@ -1,0 +1,135 @@
+"""GPU tier: sparse_mla_q8kv8_prefill_fwd against reference_prefill on every corner of SPEC §3-§4.
+
+Each test draws fresh inputs (the seed is in every failure message), runs the kernel into NaN-poisoned
+preallocated outputs and into library-allocated ones, and applies the SPEC §8 rule: out within 2.5e-2,
+lse 1e-4, max_logits 1e-3 (relative, norm-wise), special values exact, no NaN.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparse_mla.testing import INT32_MAX, INT32_MIN, make_inputs, poisoned_outputs
+
+pytestmark = pytest.mark.gpu
+
+
+def describe(seed: int, **shape) -> str:
+    fields = " ".join(f"{name}={value}" for name, value in shape.items())
+    return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) {fields}"
+
+
+@pytest.mark.parametrize("d_qk", [512, 576])
+@pytest.mark.parametrize("h_q", [1, 8, 16, 32, 64, 100, 128])
+def test_head_counts(check_prefill, seed, h_q, d_qk):
+    shape = dict(s_q=19, s_kv=1000, h_q=h_q, d_qk=d_qk, topk=64)
+    check_prefill(make_inputs(**shape, seed=seed), describe(seed, **shape))
+
+
+@pytest.mark.parametrize(
+    "s_q, s_kv, h_q, d_qk, topk",
+    [
+        (1, 1, 1, 576, 1),  # the smallest call: one row, one slot, one KV row
+        (300, 50, 16, 576, 1),
+        (37, 100, 8, 576, 7),
+        (437, 4096, 16, 576, 64),
+        (64, 1000, 32, 576, 100),  # ragged topk tail
+        (128, 8192, 64, 576, 512),
+        (64, 1000, 64, 576, 2048),  # topk > s_kv: -1 padding
+        (64, 8192, 100, 576, 2048),
+        (32, 8192, 128, 576, 2048),
+        (96, 4096, 64, 512, 512),
+        (437, 8192, 128, 512, 512),
+    ],
+)
+def test_shapes(check_prefill, seed, s_q, s_kv, h_q, d_qk, topk):
+    shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk)
+    check_prefill(make_inputs(**shape, seed=seed), describe(seed, **shape))
+
+
+@pytest.mark.parametrize("h_q", [1, 8])
+def test_more_than_65535_ctas(check_prefill, seed, h_q):
+    shape = dict(s_q=70000, s_kv=4096, h_q=h_q, d_qk=576, topk=7)
+    check_prefill(make_inputs(**shape, seed=seed, invalid="mixed"), describe(seed, **shape))
+
+
+@pytest.mark.parametrize("h_q", [1, 100])
+def test_empty_s_q(prefill_fwd, seed, h_q):
+    inputs = make_inputs(s_q=0, s_kv=64, h_q=h_q, d_qk=576, topk=64, seed=seed)
+    out, max_logits, lse = prefill_fwd(**inputs)
+    assert out.shape == (0, h_q, 512) and out.dtype == torch.bfloat16 and out.is_cuda
+    assert max_logits.shape == (0, h_q) and max_logits.dtype == torch.float32
+    assert lse.shape == (0, h_q) and lse.dtype == torch.float32
+    buffers = poisoned_outputs(0, h_q, 512)
+    result = prefill_fwd(**inputs, **buffers)
+    assert all(got is want for got, want in zip(result, buffers.values()))
+
+
+@pytest.mark.parametrize("q_strided, kv_strided", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (512, 512)])
+def test_strided_q_and_kv(check_prefill, seed, q_strided, kv_strided, d_qk, topk):
+    shape = dict(s_q=64, s_kv=8192, h_q=100, d_qk=d_qk, topk=topk)
+    inputs = make_inputs(**shape, seed=seed, q_strided=q_strided, kv_strided=kv_strided)
+    check_prefill(inputs, describe(seed, q_strided=q_strided, kv_strided=kv_strided, **shape))
+
+
+@pytest.mark.parametrize("attn_sink", [None, "random"])
+@pytest.mark.parametrize("topk_length", [None, "random"])
+@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (576, 100), (512, 512)])
+def test_attn_sink_and_topk_length(check_prefill, seed, attn_sink, topk_length, d_qk, topk):
+    shape = dict(s_q=128, s_kv=8192, h_q=64, d_qk=d_qk, topk=topk)
+    inputs = make_inputs(**shape, seed=seed, invalid="mixed", attn_sink=attn_sink, topk_length=topk_length)
+    check_prefill(inputs, describe(seed, attn_sink=attn_sink, topk_length=topk_length, **shape))
+
+
+@pytest.mark.parametrize("topk_length", [None, "random"])
+def test_special_sinks(check_prefill, seed, topk_length):
+    """Heads with sinks -inf, +inf, -1e30, +1e30 (h % 8 in 0..3) in both head blocks."""
+    shape = dict(s_q=64, s_kv=4096, h_q=128, d_qk=576, topk=512)
+    inputs = make_inputs(**shape, seed=seed, attn_sink="special", topk_length=topk_length)
+    check_prefill(inputs, describe(seed, attn_sink="special", topk_length=topk_length, **shape))
+
+
+@pytest.mark.parametrize("topk", [64, 100, 2048])
+def test_topk_length_extremes(check_prefill, seed, topk):
+    lengths = [INT32_MIN, -5, -1, 0, 1, topk - 1, topk, topk + 1, INT32_MAX]
+    shape = dict(s_q=4 * len(lengths), s_kv=4096, h_q=64, d_qk=576, topk=topk)
+    inputs = make_inputs(**shape, seed=seed)
+    inputs["topk_length"] = torch.tensor(lengths * 4, dtype=torch.int32, device="cuda")
+    check_prefill(inputs, describe(seed, topk_length=lengths, **shape))
+
+
+@pytest.mark.parametrize("topk_length", [None, "random"])
+@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (576, 7), (512, 512)])
+def test_hostile_indices_and_all_invalid_rows(check_prefill, seed, topk_length, d_qk, topk):
+    """INT32_MIN, -1, INT32_MAX and s_kv in a quarter of the slots; some rows with no valid slot."""
+    shape = dict(s_q=200, s_kv=8192, h_q=64, d_qk=d_qk, topk=topk)
+    inputs = make_inputs(**shape, seed=seed, invalid="hostile", all_invalid_rows=9, topk_length=topk_length)
+    check_prefill(inputs, describe(seed, invalid="hostile", topk_length=topk_length, **shape))
+
+
+@pytest.mark.parametrize("invalid", ["mixed", "hostile"])
+@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (576, 100), (512, 512)])
+def test_nan_rows_behind_invalid_slots(check_prefill, seed, invalid, d_qk, topk):
+    """NaN KV rows (including row 0) that only invalid slots point to, by index or by topk_length."""
+    shape = dict(s_q=128, s_kv=8192, h_q=64, d_qk=d_qk, topk=topk)
+    inputs = make_inputs(
+        **shape, seed=seed, invalid=invalid, nan_kv_rows=True, topk_length="random", attn_sink="random"
+    )
+    check_prefill(inputs, describe(seed, invalid=invalid, nan_kv_rows=True, **shape))
+
+
+@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (576, 64), (512, 512)])
+def test_duplicate_indices(check_prefill, seed, d_qk, topk):
+    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=d_qk, topk=topk)
+    check_prefill(make_inputs(**shape, seed=seed, duplicates=True), describe(seed, duplicates=True, **shape))
+
+
+def test_every_corner_at_once(check_prefill, seed):
+    shape = dict(s_q=437, s_kv=8192, h_q=100, d_qk=576, topk=2048)
+    inputs = make_inputs(
+        **shape, seed=seed, invalid="hostile", duplicates=True, all_invalid_rows=5, nan_kv_rows=True,
+        topk_length="random", attn_sink="special", q_strided=True, kv_strided=True,
+    )
+    check_prefill(inputs, describe(seed, everything=True, **shape))

@@ -1,0 +1,144 @@
+"""GPU tier: the kernel inside real runtimes: the caller's stream, CUDA graphs, torch.compile, repeated
+launches (races show up as launch-to-launch differences), and a second GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sparse_mla.testing import assert_close_to_reference, make_inputs, poisoned_outputs, reference_prefill
+
+pytestmark = pytest.mark.gpu
+
+SLEEP_CYCLES = 2**27  # torch.cuda._sleep: about 70 ms on an H200, far longer than a host-side launch
+
+
+def describe(seed: int, **shape) -> str:
+    fields = " ".join(f"{name}={value}" for name, value in shape.items())
+    return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) {fields}"
+
+
+def poison(tensors) -> None:
+    for tensor in tensors:
+        tensor.fill_(math.nan)
+
+
+def test_runs_on_the_callers_stream(prefill_fwd, seed):
+    """Queued behind a sleep on a side stream, the kernel must not have run yet when the default
+    stream looks at its outputs; after a sync the results must be right."""
+    shape = dict(s_q=256, s_kv=4096, h_q=64, d_qk=576, topk=64)
+    inputs = make_inputs(**shape, seed=seed, topk_length="random", attn_sink="random")
+    ref = reference_prefill(**inputs)
+    prefill_fwd(**inputs)  # compile and load before the timing-sensitive part
+    buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512)
+    torch.cuda.synchronize()
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        preallocated = prefill_fwd(**inputs, **buffers)
+        allocated = prefill_fwd(**inputs)
+    lse_meanwhile = buffers["lse"].clone()  # on the default stream, which does not wait for `side`
+    torch.cuda.synchronize()
+
+    context = describe(seed, **shape)
+    assert bool(lse_meanwhile.isnan().all()), f"{context}: the kernel did not run on the current stream"
+    assert_close_to_reference(*preallocated, ref, context=f"{context}, side stream, preallocated outputs")
+    assert_close_to_reference(*allocated, ref, context=f"{context}, side stream, library-allocated outputs")
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_cuda_graph_capture_and_replay(prefill_fwd, seed, preallocate):
+    """Capture once, then replay with new values in every captured input (scales included)."""
+    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+    options = dict(invalid="hostile", topk_length="random", attn_sink="random")
+    static = make_inputs(**shape, seed=seed, **options)
+    buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512) if preallocate else {}
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        prefill_fwd(**static, **buffers)  # warm-up: compile, load, first launch
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = prefill_fwd(**static, **buffers)
+    if preallocate:
+        assert all(got is want for got, want in zip(captured, buffers.values()))
+
+    for replay in range(3):
+        replay_seed = seed + 1 + replay
+        fresh = make_inputs(**shape, seed=replay_seed, **options)
+        for name in ("q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length"):
+            static[name].copy_(fresh[name])
+        poison(captured)
+        graph.replay()
+        assert_close_to_reference(
+            *captured, reference_prefill(**fresh), context=describe(replay_seed, replay=replay, **shape)
+        )
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_torch_compile(prefill_fwd, seed, fullgraph, preallocate):
+    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+    torch.compiler.reset()
+
+    def attention(inputs: dict, buffers: dict):
+        return prefill_fwd(**inputs, **buffers)
+
+    compiled = torch.compile(attention, fullgraph=fullgraph)
+    for call in range(2):
+        call_seed = seed + call
+        inputs = make_inputs(**shape, seed=call_seed, invalid="mixed", topk_length="random", attn_sink="random")
+        buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512) if preallocate else {}
+        result = compiled(inputs, buffers)
+        context = describe(call_seed, fullgraph=fullgraph, preallocate=preallocate, call=call, **shape)
+        assert_close_to_reference(*result, reference_prefill(**inputs), context=context)
+        if preallocate:
+            assert_close_to_reference(*buffers.values(), reference_prefill(**inputs), context=context)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(s_q=512, s_kv=8192, h_q=128, d_qk=576, topk=2048),
+        dict(s_q=1024, s_kv=8192, h_q=64, d_qk=512, topk=512),
+    ],
+    ids=["576x2048_h128", "512x512_h64"],
+)
+def test_repeated_launches_are_bitwise_identical(prefill_fwd, seed, shape):
+    """20 back-to-back launches into 20 poisoned output sets: a race shows up as a difference."""
+    launches = 20
+    inputs = make_inputs(**shape, seed=seed, invalid="mixed", topk_length="random", attn_sink="random")
+    prefill_fwd(**inputs)  # compile and load, so the launches below run back to back
+    outputs = [poisoned_outputs(shape["s_q"], shape["h_q"], 512) for _ in range(launches)]
+    for buffers in outputs:
+        prefill_fwd(**inputs, **buffers)
+    torch.cuda.synchronize()
+
+    context = describe(seed, **shape)
+    first = list(outputs[0].values())
+    assert_close_to_reference(*first, reference_prefill(**inputs), context=context)
+    for launch, buffers in enumerate(outputs[1:], start=1):
+        for name, got, want in zip(buffers, buffers.values(), first):
+            differing = int((_bits(got) != _bits(want)).sum())
+            assert differing == 0, f"{context}: launch {launch} differs from launch 0 in {differing} {name} elements"
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32)
+
+
+def test_inputs_on_a_second_gpu(check_prefill, seed):
+    """Inputs on cuda:1 while cuda:0 is current: the kernel runs there and the current device stays."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"GPU tier: needs two GPUs, found {torch.cuda.device_count()}")
+    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+    with torch.cuda.device(0):
+        inputs = make_inputs(**shape, seed=seed, device="cuda:1", topk_length="random", attn_sink="random")
+        result = check_prefill(inputs, describe(seed, device="cuda:1", **shape))
+        assert torch.cuda.current_device() == 0
+    assert all(t.device == torch.device("cuda:1") for t in result)

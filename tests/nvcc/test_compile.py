@@ -1,0 +1,80 @@
+"""Compile the real kernel for sm_90a with no GPU, through the prebuild command (the JIT's own code):
+ptxas reports no spills and no stack frame, a second prebuild compiles nothing, and a fresh process
+with the JIT disabled and no compiler on PATH loads the prebuilt module."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sparse_mla.jit import env
+from sparse_mla.jit.build import build_spec
+from sparse_mla.jit.key import KernelKey
+
+if env.cuda_home() is None:
+    pytest.skip("nvcc not found: the nvcc tier needs the CUDA toolkit (set CUDA_HOME)", allow_module_level=True)
+
+# The production shapes, and a ragged topk that exercises the masked tail.
+KEYS = [KernelKey(576, 2048), KernelKey(512, 512), KernelKey(576, 100)]
+
+
+def prebuild(cache_dir, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "sparse_mla", "prebuild", *args, "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory):
+    cache_dir = tmp_path_factory.mktemp("prebuilt")
+    first = prebuild(cache_dir, "--d-qk", "576", "--topk", "2048")
+    rest = prebuild(cache_dir, "--d-qk", "512", "--topk", "512")
+    ragged = prebuild(cache_dir, "--d-qk", "576", "--topk", "100")
+    for result in (first, rest, ragged):
+        assert result.returncode == 0, result.stdout + result.stderr
+    return cache_dir, first
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
+def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
+    cache_dir, _ = prebuilt
+    log = (build_spec(key).entry_dir(cache_dir) / "build.log").read_text()
+    assert "-gencode=arch=compute_90a,code=sm_90a" in log
+    kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
+    assert kernels, log
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert frames and all(values == ("0", "0", "0") for values in frames), frames
+
+
+def test_prebuild_prints_a_summary_and_a_second_run_compiles_nothing(prebuilt):
+    cache_dir, first = prebuilt
+    assert "sparse_mla_prefill_dqk576_topk2048_sm90a" in first.stdout and "built" in first.stdout
+    again = prebuild(cache_dir, "--d-qk", "576", "--topk", "2048")
+    assert again.returncode == 0
+    assert "cached" in again.stdout and "compiling" not in again.stderr
+
+
+def test_a_fresh_process_loads_the_prebuilt_module_without_a_compiler(prebuilt, tmp_path):
+    cache_dir, _ = prebuilt
+    script = (
+        "from sparse_mla.jit import get_module, KernelKey\n"
+        "for d_qk, topk in ((576, 2048), (512, 512), (576, 100)):\n"
+        "    print(get_module(KernelKey(d_qk, topk)).kernel_key())\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    environment.update(
+        PATH=str(tmp_path),  # no nvcc, no ninja, no c++
+        SPARSE_MLA_DISABLE_JIT="1",
+        SPARSE_MLA_JIT_CACHE_DIR=str(tmp_path / "empty"),
+        SPARSE_MLA_PREBUILT_DIRS=str(cache_dir),
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [k.name for k in KEYS]
