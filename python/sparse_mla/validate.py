@@ -22,7 +22,7 @@ INT32_MAX = 2**31 - 1
 # q and kv rows are gathered with 16-byte vector loads (one e4m3 value is one byte).
 ROW_ALIGNMENT = 16
 
-_INPUT_DTYPES = {
+EXPECTED_DTYPES = {
     "q": torch.float8_e4m3fn,
     "kv": torch.float8_e4m3fn,
     "indices": torch.int32,
@@ -106,7 +106,7 @@ def validate_prefill_args(
         _require(t.device == q.device, f"{name} must be on q's device {q.device}, got {t.device}")
 
     for name, t in present.items():
-        _require(t.dtype == _INPUT_DTYPES[name], f"{name} must have dtype {_INPUT_DTYPES[name]}, got {t.dtype}")
+        _require(t.dtype == EXPECTED_DTYPES[name], f"{name} must have dtype {EXPECTED_DTYPES[name]}, got {t.dtype}")
 
     # Ranks and shapes.
     _require(q.dim() == 3, f"q must have 3 dimensions [s_q, h_q, d_qk], got shape {list(q.shape)}")

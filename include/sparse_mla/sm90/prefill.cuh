@@ -101,9 +101,9 @@ __global__ void __launch_bounds__(NUM_THREADS) prefill_kernel(const __grid_const
     n_slots = min(max(params.topk_length[q_row], 0), TOPK);
   }
 
-  // One multiplier turns an fp8 dot product into a natural-log logit. Folded in double so that an
-  // extreme pair of factors (e.g. q_scale 1e-30, sm_scale 1e30) cannot underflow or overflow an fp32
-  // intermediate when the product itself is representable.
+  // One multiplier turns a raw fp8 dot product into a natural-log logit. Folded in double so that no
+  // fp32 intermediate can overflow or underflow when the product itself is representable (e.g.
+  // sm_scale * kv_scale = 1e40 with q_scale = 1e-30 would be inf in fp32 in that order).
   const float logit_scale = static_cast<float>(static_cast<double>(params.sm_scale) *
                                                static_cast<double>(*params.q_scale) *
                                                static_cast<double>(*params.kv_scale));

@@ -39,7 +39,7 @@ INT32_MAX = 2**31 - 1
 HOSTILE_INDICES = (INT32_MIN, -1, INT32_MAX)
 
 _FP8_NAN_BITS = 0x7F  # float8_e4m3fn NaN: fills the gaps of strided buffers and the poisoned KV rows
-_INVALID_SHARE = 0.25  # share of slots made invalid (invalid="mixed"/"hostile") or duplicated
+_CORNER_SHARE = 0.25  # share of slots made invalid (invalid="mixed"/"hostile"), or duplicated
 _KV_ROW_STRIDE = 1152  # kv_strided: elements between kv rows (two 576-byte rows; a multiple of 16)
 _Q_PAD = 64  # q_strided: q is sliced out of [s_q, 2 * h_q, d_qk + 64] (every other head)
 _SAMPLE_ELEMENTS = 1 << 26  # random scores drawn at once when sampling indices (256 MiB of float32)
@@ -148,11 +148,11 @@ def make_inputs(
 
     if duplicates and topk > 1:
         source = torch.randint(0, topk, (s_q, topk), device=device, generator=generator)
-        copy = _random_mask((s_q, topk), _INVALID_SHARE, generator, device)
+        copy = _random_mask((s_q, topk), _CORNER_SHARE, generator, device)
         indices = torch.where(copy, indices.gather(1, source), indices)
     hostile = (*HOSTILE_INDICES, s_kv) if invalid == "hostile" else (-1,)
     if invalid != "none":
-        _fill_cyclic(indices, _random_mask((s_q, topk), _INVALID_SHARE, generator, device), hostile)
+        _fill_cyclic(indices, _random_mask((s_q, topk), _CORNER_SHARE, generator, device), hostile)
     if all_invalid_rows:
         rows = torch.zeros(s_q, dtype=torch.bool, device=device)
         rows[torch.randperm(s_q, device=device, generator=generator)[:all_invalid_rows]] = True

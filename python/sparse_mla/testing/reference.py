@@ -57,7 +57,6 @@ def reference_prefill(
         row_bytes = topk * d_qk * 13 + 3 * h_q * topk * 8 + h_q * (d_qk + d_v) * 8
         chunk = max(1, _CHUNK_BYTES // row_bytes)
 
-    q_dequant = q.float() * q_scale.float()
     keys = kv[:, 0]
     out = torch.zeros(s_q, h_q, d_v, dtype=torch.float32, device=device)
     max_logits = torch.full((s_q, h_q), -math.inf, dtype=torch.float32, device=device)
@@ -73,7 +72,8 @@ def reference_prefill(
         gathered = _gather_rows(keys, torch.where(valid, rows, 0)).float() * kv_scale.float()  # [c, topk, d_qk]
         gathered = gathered.double().masked_fill(~valid.unsqueeze(-1), 0.0)
 
-        logits = sm_scale * torch.bmm(q_dequant[start:stop].double(), gathered.transpose(1, 2))  # [c, h_q, topk]
+        queries = (q[start:stop].float() * q_scale.float()).double()  # [c, h_q, d_qk]
+        logits = sm_scale * torch.bmm(queries, gathered.transpose(1, 2))  # [c, h_q, topk]
         logits = logits.masked_fill(~valid.unsqueeze(1), -math.inf)
         chunk_max = logits.amax(dim=-1)  # -inf for a row with no valid slot
         has_valid = valid.any(dim=-1, keepdim=True)  # [c, 1]
@@ -93,13 +93,6 @@ def reference_prefill(
         max_logits[start:stop] = chunk_max.float()
         lse[start:stop] = chunk_lse.float()
     return out, max_logits, lse
-
-
-def _gather_rows(keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``keys[rows]``; one-byte dtypes (FP8) are gathered as uint8, which every torch build indexes."""
-    if keys.element_size() == 1:
-        return keys.view(torch.uint8)[rows].view(keys.dtype)
-    return keys[rows]
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -166,3 +159,10 @@ def _assert_same_positions(what: str, got: torch.Tensor, want: torch.Tensor, pre
         f"{prefix}{what} differs from the reference at {mismatched} positions "
         f"(kernel {int(got.sum())}, reference {int(want.sum())})"
     )
+
+
+def _gather_rows(keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``keys[rows]``; one-byte dtypes (FP8) are gathered as uint8, which every torch build indexes."""
+    if keys.element_size() == 1:
+        return keys.view(torch.uint8)[rows].view(keys.dtype)
+    return keys[rows]

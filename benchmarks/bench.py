@@ -1,0 +1,197 @@
+"""The sparse_mla benchmark: the ANCHORS.md protocol on its table of shapes, against the incumbents.
+
+Protocol (ANCHORS.md): q and kv drawn from randn, quantized to e4m3 with per-tensor scales,
+sm_scale = 1/sqrt(d_qk), preallocated outputs, a 256 MiB L2 flush before every timed call, the median
+of 30 calls timed with CUDA events; TFLOPS = 2 * s_q * h_q * topk * (d_qk + 512) / time. Each shape is
+also checked against the reference on its first 16 query rows, so a number from a wrong kernel shows.
+
+    python benchmarks/bench.py                              # all 9 shapes, uniform indices
+    python benchmarks/bench.py --quick                      # 3 of them
+    python benchmarks/bench.py --indices realistic-glm      # indexer-like overlap between neighbours
+    python benchmarks/bench.py --plot benchmarks/results/bench-uniform-20261130-120000.json
+
+Writes ``bench-<indices>-<date>.json`` (GPU, date, commit, torch version, every row) and, where
+matplotlib is installed, a ``.png`` bar chart next to it, under ``--out`` (default benchmarks/results/).
+``--plot`` redraws the chart from a JSON file on any machine with matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.testing import (
+    PRESETS,
+    index_overlap_stats,
+    make_inputs,
+    median_time_ms,
+    poisoned_outputs,
+    prefill_flops,
+    realistic_indices,
+    reference_prefill,
+    relative_error,
+)
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+CHECK_ROWS = 16
+
+# ANCHORS.md, measured on one H200: (s_q, s_kv, h_q, d_qk, topk, sglang Q8KV8, FlashMLA bf16, target) TFLOPS.
+SHAPES = [
+    dict(s_q=4096, s_kv=8192, h_q=128, d_qk=576, topk=2048, sglang=716, flashmla=589, target=1070),
+    dict(s_q=4096, s_kv=32768, h_q=128, d_qk=576, topk=2048, sglang=654, flashmla=626, target=980),
+    dict(s_q=4096, s_kv=65536, h_q=128, d_qk=576, topk=2048, sglang=634, flashmla=546, target=950),
+    dict(s_q=4096, s_kv=131072, h_q=128, d_qk=576, topk=2048, sglang=625, flashmla=488, target=940),
+    dict(s_q=4096, s_kv=32768, h_q=64, d_qk=576, topk=2048, sglang=603, flashmla=607, target=900),
+    dict(s_q=437, s_kv=8192, h_q=64, d_qk=576, topk=2048, sglang=470, flashmla=438, target=700),
+    dict(s_q=4096, s_kv=8192, h_q=64, d_qk=512, topk=512, sglang=511, flashmla=518, target=770),
+    dict(s_q=4096, s_kv=32768, h_q=64, d_qk=512, topk=512, sglang=499, flashmla=488, target=750),
+    dict(s_q=1024, s_kv=65536, h_q=128, d_qk=576, topk=2048, sglang=614, flashmla=591, target=920),
+]
+QUICK = (0, 5, 6)  # one of each regime: h_q 128 at 8K, small s_q, d_qk 512 / topk 512
+INDEX_PATTERNS = ("uniform", "realistic-glm", "realistic-dsv4")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK} of the table")
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform",
+                        help="uniform random (the published protocol) or a realistic_indices preset")
+    parser.add_argument("--iters", type=int, default=30, help="timed calls per shape (median reported)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR, help="directory for JSON and PNG")
+    parser.add_argument("--plot", type=pathlib.Path, metavar="JSON", help="only redraw the chart of a JSON file")
+    return parser.parse_args()
+
+
+def measure(shape: dict, pattern: str, args: argparse.Namespace) -> dict:
+    """Time one shape and check it on its first rows; returns the JSON row."""
+    s_q, s_kv, h_q, d_qk, topk = (shape[name] for name in ("s_q", "s_kv", "h_q", "d_qk", "topk"))
+    inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=args.seed)
+    if pattern != "uniform":
+        inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[pattern], seed=args.seed)
+    overlap = index_overlap_stats(inputs["indices"])
+    outputs = poisoned_outputs(s_q, h_q, inputs["d_v"])
+
+    ms = median_time_ms(lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs), iters=args.iters,
+                        warmup=args.warmup)
+    tflops = prefill_flops(s_q, h_q, topk, d_qk) / (ms * 1e-3) / 1e12
+
+    ref_out, ref_max_logits, ref_lse = reference_prefill(
+        inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS], inputs["sm_scale"],
+        inputs["q_scale"], inputs["kv_scale"], inputs["d_v"],
+    )
+    row = dict(shape)
+    row.update(
+        indices=pattern,
+        ms=ms,
+        tflops=tflops,
+        ratio_vs_sglang=tflops / shape["sglang"],
+        retention=overlap.retention,
+        union4=overlap.union4,
+        out_rel_err=relative_error(outputs["out"][:CHECK_ROWS], ref_out),
+        lse_rel_err=relative_error(outputs["lse"][:CHECK_ROWS], ref_lse),
+        max_logits_rel_err=relative_error(outputs["max_logits"][:CHECK_ROWS], ref_max_logits),
+    )
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} {'d_qk':>4} {'topk':>5} | {'ms':>7} {'TFLOPS':>6} "
+              f"{'sglang':>6} {'ratio':>5} {'target':>6} | {'retain':>6} {'union4':>6} | {'out err':>8}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['s_q']:>5} {row['s_kv']:>6} {row['h_q']:>4} {row['d_qk']:>4} {row['topk']:>5} | "
+              f"{row['ms']:>7.3f} {row['tflops']:>6.0f} {row['sglang']:>6} {row['ratio_vs_sglang']:>5.2f} "
+              f"{row['target']:>6} | {row['retention']:>6.3f} {row['union4']:>6.2f} | {row['out_rel_err']:>8.2e}")
+
+
+def plot(result: dict, path: pathlib.Path) -> bool:
+    """Bar chart of our TFLOPS next to the incumbents' and the target; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    labels = [f"{r['s_q']}x{r['s_kv'] // 1024}K\nh{r['h_q']} d{r['d_qk']}\ntopk{r['topk']}" for r in rows]
+    series = [("sparse_mla", "tflops", "tab:blue"), ("sglang Q8KV8", "sglang", "tab:gray"),
+              ("FlashMLA bf16", "flashmla", "tab:olive"), ("target", "target", "tab:red")]
+    width = 0.8 / len(series)
+    figure, axes = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 5))
+    for k, (name, key, color) in enumerate(series):
+        positions = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
+        axes.bar(positions, [r[key] for r in rows], width, label=name, color=color)
+    axes.set_xticks(range(len(rows)), labels, fontsize=8)
+    axes.set_ylabel("TFLOPS")
+    axes.set_ylim(0, 1.15 * max(max(r["tflops"], r["target"]) for r in rows))  # room for the legend
+    axes.set_title(f"sparse_mla on {result['gpu']}, {result['indices']} indices, {result['date']}")
+    axes.legend(loc="upper center", ncols=len(series))
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=RESULTS_DIR.parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=RESULTS_DIR.parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}-dirty" if dirty else commit
+
+
+def main() -> None:
+    args = parse_args()
+    if args.plot is not None:
+        png = args.plot.with_suffix(".png")
+        if not plot(json.loads(args.plot.read_text()), png):
+            sys.exit("--plot needs matplotlib")
+        print(f"wrote {png}")
+        return
+
+    shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
+    rows = []
+    for shape in shapes:
+        row = measure(shape, args.indices, args)
+        rows.append(row)
+        torch.cuda.empty_cache()  # the next shape's tensors start from a clean pool
+        print(f"measured {row['s_q']}x{row['s_kv']} h_q={row['h_q']} d_qk={row['d_qk']} topk={row['topk']}: "
+              f"{row['tflops']:.0f} TFLOPS", file=sys.stderr)
+    now = datetime.datetime.now()
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": now.isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "indices": args.indices,
+        "protocol": f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events",
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"bench-{args.indices}-{now:%Y%m%d-%H%M%S}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {stem.with_suffix('.json')}")
+    if plot(result, stem.with_suffix(".png")):
+        print(f"wrote {stem.with_suffix('.png')}")
+    else:
+        print(f"matplotlib is not installed: draw the chart elsewhere with --plot {stem.with_suffix('.json')}")
+    print(f"\n{result['gpu']}, {args.indices} indices, commit {result['commit'][:12]}")
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
