@@ -198,6 +198,13 @@ def test_reference_of_bf16_inputs_with_unit_scales():
 # ---- quantize_fp8 and make_inputs ----
 
 
+def test_random_indices_layout_is_what_the_api_takes():
+    indices = random_indices(8, 100, 64, device="cpu", seed=3)
+    assert indices.shape == (8, 1, 64) and indices.dtype == torch.int32 and indices.is_contiguous()
+    for row in indices[:, 0]:
+        assert row.unique().numel() == 64 and 0 <= row.min() and row.max() < 100
+
+
 def test_quantize_fp8():
     x = torch.randn(64, 576, dtype=torch.bfloat16) * 3
     x_fp8, scale = quantize_fp8(x)

@@ -75,7 +75,7 @@ def random_indices(
     -1 in the remaining slots, at random positions."""
     generator = _generator(seed, device)
     pool = torch.arange(s_kv, device=device)
-    return _sample_distinct(pool, s_q, topk, generator).unsqueeze(1)
+    return _sample_distinct(pool, s_q, topk, generator).to(torch.int32).unsqueeze(1).contiguous()
 
 
 def make_inputs(
