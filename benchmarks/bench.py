@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -144,6 +145,9 @@ def plot(result: dict, path: pathlib.Path) -> bool:
 
 
 def git_commit() -> str:
+    """HEAD of the checkout, or $SPARSE_MLA_COMMIT where the tree was copied without .git (GPU hosts)."""
+    if os.environ.get("SPARSE_MLA_COMMIT"):
+        return os.environ["SPARSE_MLA_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                                 cwd=RESULTS_DIR.parent).stdout.strip()

@@ -280,3 +280,10 @@ def test_missing_headers_is_a_toolchain_error(monkeypatch, tmp_path):
     monkeypatch.setattr(build_module.env, "_PACKAGE_DIR", tmp_path / "python" / "sparse_mla")
     with pytest.raises(ToolchainError, match="kernel headers are missing"):
         build_module.build_spec(KEY)
+
+
+def test_missing_ninja_is_a_toolchain_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build_module.sys, "executable", str(tmp_path / "python3"))  # no ninja beside it
+    with pytest.raises(ToolchainError, match="pip install ninja"):
+        build_module.compile_module(fake_jit.fake_spec(KEY), tmp_path)

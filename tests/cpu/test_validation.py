@@ -257,3 +257,17 @@ def test_cpu_call_without_any_compiler_on_path_raises_the_spec_message(tmp_path)
     assert "ERROR: q must be a CUDA tensor\n" in result.stdout
     assert "tvm_ffi imported: False" in result.stdout
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_gpu_that_is_not_hopper_is_refused_before_the_jit(monkeypatch):
+    import sparse_mla.api as api
+    from sparse_mla.errors import UnsupportedGPUError
+
+    monkeypatch.setattr(api, "_CAPABILITY", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(api, "get_module", lambda key: pytest.fail("reached the JIT"))
+    args = valid_args()
+    with pytest.raises(UnsupportedGPUError, match=r"needs an SM90 \(Hopper.*A100-SXM4-80GB, compute capability 8.0"):
+        api._launch(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], None, None,
+                    None, None, None, 0.04)
