@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from sparse_mla.errors import ToolchainError
@@ -201,9 +200,3 @@ def describe_failure(error: BaseException, build_dir: Path) -> tuple[str, str]:
     if not command and (build_dir / "build.ninja").is_file():
         command = f"ninja -v -C {build_dir}  # see build.ninja"
     return command or "ninja -v", text
-
-
-def timed(function, *args):
-    start = time.perf_counter()
-    result = function(*args)
-    return result, time.perf_counter() - start
