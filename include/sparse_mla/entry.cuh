@@ -78,10 +78,12 @@ T* data_of(const ffi::TensorView& t) {
 // The kernel gathers q and kv rows with 16-byte vector loads.
 inline void check_aligned_rows(const ffi::TensorView& t, const char* name) {
   bool aligned = reinterpret_cast<uintptr_t>(data_of<char>(t)) % 16 == 0;
-  for (int dim = 0; dim + 1 < t.ndim(); ++dim) aligned = aligned && t.stride(dim) % 16 == 0;
+  for (int dim = 0; dim + 1 < t.ndim(); ++dim) {
+    aligned = aligned && (t.size(dim) <= 1 || t.stride(dim) % 16 == 0);  // a size-1 dim is never stepped
+  }
   if (!aligned) {
     TVM_FFI_THROW(ValueError) << name << " must start at a 16-byte boundary with strides that are "
-                              << "multiples of 16 elements";
+                              << "multiples of 16 elements (except the last dimension's)";
   }
 }
 

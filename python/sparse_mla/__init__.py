@@ -3,10 +3,11 @@
     from sparse_mla import sparse_mla_q8kv8_prefill_fwd
     out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale)
 
-Importing this package imports torch but neither tvm-ffi nor a compiler, and does not initialize CUDA.
+Importing this package is cheap: it imports neither torch (until the function is first looked up) nor
+tvm-ffi, starts no compiler and does not initialize CUDA, so the CLI (``python -m sparse_mla``) starts
+fast.
 """
 
-from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.errors import (
     CacheError,
     JITDisabledError,
@@ -27,3 +28,12 @@ __all__ = [
     "UnsupportedGPUError",
     "sparse_mla_q8kv8_prefill_fwd",
 ]
+
+
+def __getattr__(name: str):
+    # The API module imports torch; load it on first use (PEP 562).
+    if name == "sparse_mla_q8kv8_prefill_fwd":
+        from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
+
+        return sparse_mla_q8kv8_prefill_fwd
+    raise AttributeError(f"module 'sparse_mla' has no attribute {name!r}")

@@ -120,7 +120,7 @@ class KernelCache:
         if env.jit_disabled():
             roots = ", ".join(str(r) for r in env.lookup_dirs())
             raise JITDisabledError(
-                f"kernel {key.name} is not in the cache ({roots}) and SPARSE_MLA_DISABLE_JIT=1 forbids "
+                f"kernel {key.name} has no usable entry in the cache ({roots}) and SPARSE_MLA_DISABLE_JIT=1 forbids "
                 f"compiling it; prebuild it with: {key.prebuild_command} --cache-dir <one of those roots>",
                 key_name=key.name,
                 prebuild_command=key.prebuild_command,
@@ -224,6 +224,9 @@ class KernelCache:
             # key.json last: its presence (with a matching sha256) is what makes an entry complete.
             (staging / KEY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
             os.rename(staging, entry_dir)  # atomic publish; the lock keeps entry_dir absent till now
+            failed_log = entry_dir.parent / f"{entry_dir.name}.failed.log"
+            if failed_log.exists():
+                failed_log.unlink()  # an earlier failure of this entry is history now
             logger.info("sparse_mla: compiled %s in %.1f s -> %s", spec.key.name, seconds, entry_dir)
             return seconds
         finally:
