@@ -36,28 +36,30 @@ EXPECTED_DTYPES = {
 }
 
 
-def _shape(t: torch.Tensor) -> tuple:
-    return tuple(t.shape)
+def _fail(message: str) -> None:
+    raise ValueError(message)
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+# Each check tests its condition first and builds its message only on failure: this runs on every
+# call, and formatting shapes eagerly would cost more than all the checks together.
 
 
-def _require_shape(t: torch.Tensor, name: str, expected: tuple, meaning: str) -> None:
-    _require(_shape(t) == expected, f"{name} must have shape {meaning} = {list(expected)}, got {list(t.shape)}")
+def _check_shape(t: torch.Tensor, name: str, expected: tuple, meaning: str) -> None:
+    if t.shape != expected:
+        _fail(f"{name} must have shape {meaning} = {list(expected)}, got {list(t.shape)}")
 
 
-def _require_contiguous(t: torch.Tensor, name: str) -> None:
-    _require(t.is_contiguous(), f"{name} must be contiguous, got strides {list(t.stride())}")
+def _check_contiguous(t: torch.Tensor, name: str) -> None:
+    if not t.is_contiguous():
+        _fail(f"{name} must be contiguous, got strides {list(t.stride())}")
 
 
-def _require_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
-    _require(
-        t.shape[-1] <= 1 or t.stride(-1) == 1,
-        f"{name} must have a contiguous last dimension (stride 1), got strides {list(t.stride())}",
-    )
+def _check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(f"{name} must have a contiguous last dimension (stride 1), got strides {list(t.stride())}")
+
+
+_REQUIRED = ("q", "kv", "indices", "q_scale", "kv_scale")
 
 
 def validate_prefill_args(
@@ -75,101 +77,112 @@ def validate_prefill_args(
     lse,
 ) -> None:
     """Raise TypeError/ValueError naming the first argument that breaks the contract."""
-    tensors = {
-        "q": q,
-        "kv": kv,
-        "indices": indices,
-        "q_scale": q_scale,
-        "kv_scale": kv_scale,
-        "attn_sink": attn_sink,
-        "topk_length": topk_length,
-        "out": out,
-        "max_logits": max_logits,
-        "lse": lse,
-    }
-    optional = ("attn_sink", "topk_length", "out", "max_logits", "lse")
-    for name, t in tensors.items():
-        if t is None and name in optional:
-            continue
-        if not isinstance(t, torch.Tensor):
+    tensors = (
+        ("q", q),
+        ("kv", kv),
+        ("indices", indices),
+        ("q_scale", q_scale),
+        ("kv_scale", kv_scale),
+        ("attn_sink", attn_sink),
+        ("topk_length", topk_length),
+        ("out", out),
+        ("max_logits", max_logits),
+        ("lse", lse),
+    )
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) and (t is not None or name in _REQUIRED):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale must be a Python float, got {type(sm_scale).__name__}")
     if isinstance(d_v, bool) or not isinstance(d_v, int):
         raise TypeError(f"d_v must be an int, got {type(d_v).__name__}")
-    present = {name: t for name, t in tensors.items() if t is not None}
+    present = [(name, t) for name, t in tensors if t is not None]
 
     # Devices: every tensor is a CUDA tensor on q's device.
-    for name, t in present.items():
-        _require(t.device.type == "cuda", f"{name} must be a CUDA tensor")
-    for name, t in present.items():
-        _require(t.device == q.device, f"{name} must be on q's device {q.device}, got {t.device}")
+    for name, t in present:
+        if not t.is_cuda:
+            _fail(f"{name} must be a CUDA tensor")
+    device = q.device
+    for name, t in present:
+        if t.device != device:
+            _fail(f"{name} must be on q's device {device}, got {t.device}")
 
-    for name, t in present.items():
-        _require(t.dtype == EXPECTED_DTYPES[name], f"{name} must have dtype {EXPECTED_DTYPES[name]}, got {t.dtype}")
+    for name, t in present:
+        if t.dtype is not EXPECTED_DTYPES[name]:
+            _fail(f"{name} must have dtype {EXPECTED_DTYPES[name]}, got {t.dtype}")
 
     # Ranks and shapes.
-    _require(q.dim() == 3, f"q must have 3 dimensions [s_q, h_q, d_qk], got shape {list(q.shape)}")
-    _require(kv.dim() == 3, f"kv must have 3 dimensions [s_kv, h_kv, d_qk], got shape {list(kv.shape)}")
-    _require(
-        indices.dim() == 3,
-        f"indices must have 3 dimensions [s_q, h_kv, topk], got shape {list(indices.shape)}",
-    )
+    if q.dim() != 3:
+        _fail(f"q must have 3 dimensions [s_q, h_q, d_qk], got shape {list(q.shape)}")
+    if kv.dim() != 3:
+        _fail(f"kv must have 3 dimensions [s_kv, h_kv, d_qk], got shape {list(kv.shape)}")
+    if indices.dim() != 3:
+        _fail(f"indices must have 3 dimensions [s_q, h_kv, topk], got shape {list(indices.shape)}")
     s_q, h_q, d_qk = q.shape
-    s_kv = kv.shape[0]
+    s_kv, h_kv, kv_d_qk = kv.shape
     topk = indices.shape[2]
-    _require(d_qk in SUPPORTED_D_QK, f"q.shape[2] (d_qk) must be one of {list(SUPPORTED_D_QK)}, got {d_qk}")
-    _require(kv.shape[1] == H_KV, f"kv.shape[1] (h_kv) must be {H_KV}, got {kv.shape[1]}")
-    _require(kv.shape[2] == d_qk, f"kv.shape[2] must equal q's d_qk {d_qk}, got {kv.shape[2]}")
-    _require(
-        indices.shape[0] == s_q and indices.shape[1] == H_KV,
-        f"indices must have shape [s_q, h_kv, topk] = [{s_q}, {H_KV}, topk], got {list(indices.shape)}",
-    )
-    _require(d_v == D_V, f"d_v must be {D_V}, got {d_v}")
-    for name in ("q_scale", "kv_scale"):
-        _require(present[name].numel() == 1, f"{name} must have exactly one element, got shape {list(present[name].shape)}")
+    if d_qk not in SUPPORTED_D_QK:
+        _fail(f"q.shape[2] (d_qk) must be one of {list(SUPPORTED_D_QK)}, got {d_qk}")
+    if h_kv != H_KV:
+        _fail(f"kv.shape[1] (h_kv) must be {H_KV}, got {h_kv}")
+    if kv_d_qk != d_qk:
+        _fail(f"kv.shape[2] must equal q's d_qk {d_qk}, got {kv_d_qk}")
+    if indices.shape[0] != s_q or indices.shape[1] != H_KV:
+        _fail(f"indices must have shape [s_q, h_kv, topk] = [{s_q}, {H_KV}, topk], got {list(indices.shape)}")
+    if d_v != D_V:
+        _fail(f"d_v must be {D_V}, got {d_v}")
+    for name, scale in (("q_scale", q_scale), ("kv_scale", kv_scale)):
+        if scale.numel() != 1:
+            _fail(f"{name} must have exactly one element, got shape {list(scale.shape)}")
     if attn_sink is not None:
-        _require_shape(attn_sink, "attn_sink", (h_q,), "[h_q]")
+        _check_shape(attn_sink, "attn_sink", (h_q,), "[h_q]")
     if topk_length is not None:
-        _require_shape(topk_length, "topk_length", (s_q,), "[s_q]")
+        _check_shape(topk_length, "topk_length", (s_q,), "[s_q]")
 
     # Domain (SPEC §4).
-    _require(h_q >= 1, f"h_q (q.shape[1]) must be positive, got {h_q}")
-    _require(s_kv >= 1, f"s_kv (kv.shape[0]) must be positive, got {s_kv}")
-    _require(topk >= 1, f"topk (indices.shape[2]) must be positive, got {topk}")
+    if h_q < 1:
+        _fail(f"h_q (q.shape[1]) must be positive, got {h_q}")
+    if s_kv < 1:
+        _fail(f"s_kv (kv.shape[0]) must be positive, got {s_kv}")
+    if topk < 1:
+        _fail(f"topk (indices.shape[2]) must be positive, got {topk}")
     for name, extent in (("s_q", s_q), ("s_kv", s_kv), ("h_q", h_q), ("topk", topk)):
-        _require(extent <= INT32_MAX, f"{name} must fit in int32, got {extent}")
-    _require(math.isfinite(sm_scale), f"sm_scale must be finite, got {sm_scale}")
+        if extent > INT32_MAX:
+            _fail(f"{name} must fit in int32, got {extent}")
+    if not math.isfinite(sm_scale):
+        _fail(f"sm_scale must be finite, got {sm_scale}")
 
     # Strides: q and kv may be views with a contiguous last dimension; the small inputs are contiguous.
-    _require_last_dim_contiguous(q, "q")
-    _require_last_dim_contiguous(kv, "kv")
-    for name in ("q", "kv"):
-        t = present[name]
-        for dim in range(t.dim() - 1):
-            _require(
-                t.shape[dim] <= 1 or t.stride(dim) % ROW_ALIGNMENT == 0,
+    for name, t in (("q", q), ("kv", kv)):
+        _check_last_dim_contiguous(t, name)
+        shape, strides = t.shape, t.stride()
+        if (shape[0] > 1 and strides[0] % ROW_ALIGNMENT) or (shape[1] > 1 and strides[1] % ROW_ALIGNMENT):
+            _fail(
                 f"{name}'s strides must be multiples of {ROW_ALIGNMENT} elements except the last, "
-                f"got strides {list(t.stride())}",
+                f"got strides {list(strides)}"
             )
-    for name in ("indices", "attn_sink", "topk_length"):
-        if tensors[name] is not None:
-            _require_contiguous(tensors[name], name)
+    _check_contiguous(indices, "indices")
+    if attn_sink is not None:
+        _check_contiguous(attn_sink, "attn_sink")
+    if topk_length is not None:
+        _check_contiguous(topk_length, "topk_length")
 
     # Preallocated outputs.
     if out is not None:
-        _require_shape(out, "out", (s_q, h_q, D_V), "[s_q, h_q, d_v]")
-        _require_last_dim_contiguous(out, "out")
-    for name in ("max_logits", "lse"):
-        if tensors[name] is not None:
-            _require_shape(tensors[name], name, (s_q, h_q), "[s_q, h_q]")
-            _require_last_dim_contiguous(tensors[name], name)
+        _check_shape(out, "out", (s_q, h_q, D_V), "[s_q, h_q, d_v]")
+        _check_last_dim_contiguous(out, "out")
+    for name, t in (("max_logits", max_logits), ("lse", lse)):
+        if t is not None:
+            _check_shape(t, name, (s_q, h_q), "[s_q, h_q]")
+            _check_last_dim_contiguous(t, name)
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    if t.numel() == 0:
-        return (0, 0)
     start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
+    if t.numel() == 0:
+        return start, start
     extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
     return start, start + extent * t.element_size()
 
@@ -177,15 +190,12 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
 def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str, torch.Tensor]) -> None:
     """Alignment of q/kv and aliasing of the outputs; needs real (not fake) tensors."""
     for name in ("q", "kv"):
-        _require(
-            inputs[name].data_ptr() % ROW_ALIGNMENT == 0,
-            f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {inputs[name].data_ptr():#x}",
-        )
-    spans = {name: _byte_span(t) for name, t in {**inputs, **outputs}.items() if t is not None}
-    names = list(spans)  # inputs first, then outputs
-    for i, first in enumerate(names):
-        for second in names[i + 1 :]:
-            if second not in outputs:
-                continue
-            (a0, a1), (b0, b1) = spans[first], spans[second]
-            _require(not (a0 < b1 and b0 < a1), f"{second} must not overlap {first} in memory")
+        if inputs[name].data_ptr() % ROW_ALIGNMENT:
+            _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {inputs[name].data_ptr():#x}")
+    spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]
+    for i, (second, (b0, b1)) in enumerate(spans):
+        if second not in outputs:
+            continue
+        for first, (a0, a1) in spans[:i]:  # inputs come first, then outputs
+            if a0 < b1 and b0 < a1:
+                _fail(f"{second} must not overlap {first} in memory")
