@@ -89,8 +89,7 @@ def sparse_mla_q8kv8_prefill_fwd(
             q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale)
         )
     else:
-        if preallocated:
-            check_pointers(_named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length), preallocated)
+        check_pointers(_named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length), preallocated)
         _launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale))
     return out, max_logits, lse
 

@@ -188,10 +188,13 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str, torch.Tensor]) -> None:
-    """Alignment of q/kv and aliasing of the outputs; needs real (not fake) tensors."""
+    """Alignment of q/kv and aliasing of the caller's preallocated outputs; needs real (not fake)
+    tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
     for name in ("q", "kv"):
         if inputs[name].data_ptr() % ROW_ALIGNMENT:
             _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {inputs[name].data_ptr():#x}")
+    if not outputs:
+        return
     spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]
     for i, (second, (b0, b1)) in enumerate(spans):
         if second not in outputs:
