@@ -286,16 +286,15 @@ def scan(root: Path) -> list[EntryStatus]:
             statuses.append(EntryStatus(entry_dir, entry_dir.parent.name, "corrupt", "no intact key.json/.so"))
             continue
         key = KernelKey(**{k: meta["key"][k] for k in ("d_qk", "topk", "arch")})
+        state, detail = "ok", ""
         try:
             current = build_spec(key)
-            fresh = current.source_digest == meta["source_digest"] and current.cuda_version in (
+            if current.source_digest != meta["source_digest"] or current.cuda_version not in (
                 None,
                 meta["cuda_version"],
-            )
-            state = "ok" if fresh else "stale"
+            ):
+                state = "stale"
         except SparseMLAError as error:
-            state, meta["detail"] = "ok", f"cannot check freshness: {error}"
-        statuses.append(
-            EntryStatus(entry_dir, key.name, state, meta.get("detail", ""), meta.get("compile_seconds"))
-        )
+            detail = f"cannot check freshness: {error}"
+        statuses.append(EntryStatus(entry_dir, key.name, state, detail, meta.get("compile_seconds")))
     return statuses
