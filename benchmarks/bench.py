@@ -8,7 +8,14 @@ also checked against the reference on its first 16 query rows, so a number from 
     python benchmarks/bench.py                              # all 9 shapes, uniform indices
     python benchmarks/bench.py --quick                      # 3 of them
     python benchmarks/bench.py --indices realistic-glm      # indexer-like overlap between neighbours
+    python benchmarks/bench.py --incumbent .incumbent/sglang_q8kv8.so   # side by side, ratio per row
     python benchmarks/bench.py --plot benchmarks/results/bench-uniform-20261130-120000.json
+
+``--incumbent`` loads a tvm-ffi build of the incumbent FP8 kernel (sglang's SM90 Q8KV8 sparse prefill,
+its ``dispatch`` function) and times it on the same inputs in alternating rounds with ours, so the
+ratio is measured under the same clocks; each row then records ``incumbent_tflops`` and
+``ratio_vs_incumbent``. The incumbent reads out of bounds on indices >= s_kv: only valid inputs
+(every benchmark pattern) may be given to it.
 
 Writes ``bench-<indices>-<date>.json`` (GPU, date, commit, torch version, every row) and, where
 matplotlib is installed, a ``.png`` bar chart next to it, under ``--out`` (default benchmarks/results/).
@@ -69,11 +76,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR, help="directory for JSON and PNG")
     parser.add_argument("--plot", type=pathlib.Path, metavar="JSON", help="only redraw the chart of a JSON file")
+    parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO",
+                        help="tvm-ffi module of the incumbent kernel to time side by side")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternating timing rounds of ours and the incumbent (medians averaged)")
     return parser.parse_args()
 
 
-def measure(shape: dict, pattern: str, args: argparse.Namespace) -> dict:
-    """Time one shape and check it on its first rows; returns the JSON row."""
+def incumbent_call(dispatch, inputs: dict, shape: dict):
+    """A no-argument call of the incumbent's ``dispatch`` on ``inputs``, with its own outputs."""
+    s_q, s_kv, h_q, d_qk, topk = (shape[name] for name in ("s_q", "s_kv", "h_q", "d_qk", "topk"))
+    outputs = poisoned_outputs(s_q, h_q, inputs["d_v"])
+    stream = torch.cuda.current_stream().cuda_stream
+    q, kv, indices = inputs["q"].contiguous(), inputs["kv"].contiguous(), inputs["indices"].contiguous()
+
+    def call():
+        dispatch(q, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"], outputs["max_logits"],
+                 outputs["lse"], s_q, s_kv, h_q, 1, d_qk, inputs["d_v"], topk, inputs["sm_scale"], stream)
+    return call, outputs
+
+
+def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
+    """Time one shape (and the incumbent on it, given ``dispatch``) and check it on its first rows."""
     s_q, s_kv, h_q, d_qk, topk = (shape[name] for name in ("s_q", "s_kv", "h_q", "d_qk", "topk"))
     inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=args.seed)
     if pattern != "uniform":
@@ -81,9 +105,18 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace) -> dict:
     overlap = index_overlap_stats(inputs["indices"])
     outputs = poisoned_outputs(s_q, h_q, inputs["d_v"])
 
-    ms = median_time_ms(lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs), iters=args.iters,
-                        warmup=args.warmup)
-    tflops = prefill_flops(s_q, h_q, topk, d_qk) / (ms * 1e-3) / 1e12
+    ours = lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)  # noqa: E731
+    flops = prefill_flops(s_q, h_q, topk, d_qk)
+    if dispatch is None:
+        ms = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
+    else:
+        theirs, incumbent_outputs = incumbent_call(dispatch, inputs, shape)
+        ours_ms, theirs_ms = [], []
+        for _ in range(args.rounds):  # alternate, so that both see the same clocks
+            ours_ms.append(median_time_ms(ours, iters=args.iters, warmup=args.warmup))
+            theirs_ms.append(median_time_ms(theirs, iters=args.iters, warmup=args.warmup))
+        ms, incumbent_ms = sum(ours_ms) / len(ours_ms), sum(theirs_ms) / len(theirs_ms)
+    tflops = flops / (ms * 1e-3) / 1e12
 
     ref_out, ref_max_logits, ref_lse = reference_prefill(
         inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS], inputs["sm_scale"],
@@ -101,18 +134,30 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace) -> dict:
         lse_rel_err=relative_error(outputs["lse"][:CHECK_ROWS], ref_lse),
         max_logits_rel_err=relative_error(outputs["max_logits"][:CHECK_ROWS], ref_max_logits),
     )
+    if dispatch is not None:
+        row.update(
+            incumbent_ms=incumbent_ms,
+            incumbent_tflops=flops / (incumbent_ms * 1e-3) / 1e12,
+            ratio_vs_incumbent=incumbent_ms / ms,
+            incumbent_out_rel_err=relative_error(incumbent_outputs["out"][:CHECK_ROWS], ref_out),
+        )
     return row
 
 
 def print_table(rows: list[dict]) -> None:
+    side = "incumbent_tflops" in rows[0]
     header = (f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} {'d_qk':>4} {'topk':>5} | {'ms':>7} {'TFLOPS':>6} "
-              f"{'sglang':>6} {'ratio':>5} {'target':>6} | {'retain':>6} {'union4':>6} | {'out err':>8}")
+              + (f"{'incumb':>6} {'ratio':>5} " if side else f"{'sglang':>6} {'ratio':>5} ")
+              + f"{'target':>6} | {'retain':>6} {'union4':>6} | {'out err':>8} {'lse err':>8}")
     print(header)
     print("-" * len(header))
     for row in rows:
+        versus = (f"{row['incumbent_tflops']:>6.0f} {row['ratio_vs_incumbent']:>5.2f} " if side
+                  else f"{row['sglang']:>6} {row['ratio_vs_sglang']:>5.2f} ")
         print(f"{row['s_q']:>5} {row['s_kv']:>6} {row['h_q']:>4} {row['d_qk']:>4} {row['topk']:>5} | "
-              f"{row['ms']:>7.3f} {row['tflops']:>6.0f} {row['sglang']:>6} {row['ratio_vs_sglang']:>5.2f} "
-              f"{row['target']:>6} | {row['retention']:>6.3f} {row['union4']:>6.2f} | {row['out_rel_err']:>8.2e}")
+              f"{row['ms']:>7.3f} {row['tflops']:>6.0f} " + versus +
+              f"{row['target']:>6} | {row['retention']:>6.3f} {row['union4']:>6.2f} | {row['out_rel_err']:>8.2e} "
+              f"{row['lse_rel_err']:>8.2e}")
 
 
 def plot(result: dict, path: pathlib.Path) -> bool:
@@ -126,8 +171,10 @@ def plot(result: dict, path: pathlib.Path) -> bool:
 
     rows = result["rows"]
     labels = [f"{r['s_q']}x{r['s_kv'] // 1024}K\nh{r['h_q']} d{r['d_qk']}\ntopk{r['topk']}" for r in rows]
-    series = [("sparse_mla", "tflops", "tab:blue"), ("sglang Q8KV8", "sglang", "tab:gray"),
+    series = [("sparse_mla", "tflops", "tab:blue"), ("sglang Q8KV8 (reference table)", "sglang", "tab:gray"),
               ("FlashMLA bf16", "flashmla", "tab:olive"), ("target", "target", "tab:red")]
+    if "incumbent_tflops" in rows[0]:
+        series.insert(1, ("incumbent, same run", "incumbent_tflops", "tab:orange"))
     width = 0.8 / len(series)
     figure, axes = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 5))
     for k, (name, key, color) in enumerate(series):
@@ -167,14 +214,21 @@ def main() -> None:
         print(f"wrote {png}")
         return
 
+    dispatch = None
+    if args.incumbent is not None:
+        import tvm_ffi
+
+        dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"]
     shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
     rows = []
     for shape in shapes:
-        row = measure(shape, args.indices, args)
+        row = measure(shape, args.indices, args, dispatch)
         rows.append(row)
         torch.cuda.empty_cache()  # the next shape's tensors start from a clean pool
         print(f"measured {row['s_q']}x{row['s_kv']} h_q={row['h_q']} d_qk={row['d_qk']} topk={row['topk']}: "
-              f"{row['tflops']:.0f} TFLOPS", file=sys.stderr)
+              f"{row['tflops']:.0f} TFLOPS"
+              + (f", incumbent {row['incumbent_tflops']:.0f} ({row['ratio_vs_incumbent']:.2f}x)" if dispatch else ""),
+              file=sys.stderr)
     now = datetime.datetime.now()
     result = {
         "gpu": torch.cuda.get_device_name(),
@@ -182,7 +236,9 @@ def main() -> None:
         "commit": git_commit(),
         "torch": torch.__version__,
         "indices": args.indices,
-        "protocol": f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events",
+        "protocol": f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
+                    + (f"; incumbent {args.incumbent.name} timed in {args.rounds} alternating rounds"
+                       if args.incumbent else ""),
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

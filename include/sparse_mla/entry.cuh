@@ -18,7 +18,7 @@
 #include <tvm/ffi/optional.h>
 
 #include <sparse_mla/params.cuh>
-#include <sparse_mla/sm90/prefill.cuh>
+#include <sparse_mla/sm90/prefill/launch.cuh>
 
 namespace sparse_mla {
 
@@ -123,9 +123,11 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
     detail::check_contiguous(*topk_length, "topk_length");
   }
-  if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || h_q > INT32_MAX) {
+  // One CTA per (query token, 64-head block), on a one-dimensional grid.
+  const int64_t ctas = s_q * ((h_q + 63) / 64);
+  if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || h_q > INT32_MAX || ctas > INT32_MAX) {
     TVM_FFI_THROW(ValueError) << "shape out of the supported domain: s_q " << s_q << ", h_q " << h_q
-                              << ", s_kv " << s_kv;
+                              << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << INT32_MAX << ")";
   }
   detail::check_aligned_rows(q, "q");
   detail::check_aligned_rows(kv, "kv");

@@ -1,0 +1,228 @@
+// The consumer warpgroups: Q.K^T, online softmax and P.V for each pair of gathered blocks.
+//
+// Per pair, consumer w (w = 0, 1):
+//   S_w  = Q . K_w^T           64 heads x 64 slots of block w, e4m3 wgmma (SS), fp32 accumulators
+//   row maxima of S_w -> row_max[w]; [kRowMaxReady]; the pair's row max is max(row_max[0], row_max[1])
+//   P_w  = 2^(S_w - reference) -> e4m3 -> probs[w]; alpha -> alpha[w]; [kProbsReady]
+//   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T
+// P.V is computed transposed (O^T = V^T . P^T) so that V needs no transpose in shared memory: the
+// A operand V^T comes from registers, loaded from the gathered rows with ldmatrix.trans and two byte
+// permutes, and the B operand is P as written (rows = heads, K-major). fp8 wgmma reads only K-major
+// shared operands, so the usual O = P . V would need V^T stored in shared memory (a transpose pass of
+// 64 KB of shared-memory traffic per block).
+//
+// Fragment bookkeeping (g = lane / 4, c = lane % 4, warp q of the warpgroup):
+// - S accumulator s[4j + 2h + e]: head 16q + g + 8h, slot 8j + 2c + e.
+// - ldmatrix.trans of 16-byte chunk ch of rows 32ks + lane gives x[m] = {row 8m + 2c: dims 2g, 2g+1;
+//   row 8m + 2c + 1: dims 2g, 2g+1}; prmt(x[0], x[1], 0x6420) is the A register of M-row g (dim
+//   16ch + 2g) over K positions 4c..4c+3 = rows {2c, 2c+1, 8+2c, 9+2c}; 0x7531 gives M-row g + 8
+//   (dim 16ch + 2g + 1). So the K order of P.V is a fixed permutation of each 16 rows, and P is
+//   stored in that order (probs_slot).
+// - O^T accumulator o[i][4j + 2h + e]: dim 256w + 64i + 16q + 2g + h, head 8j + 2c + e.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90::prefill {
+
+// Accumulators and softmax state a consumer thread carries to the epilogue.
+struct ConsumerState {
+  float o[4][32];    // O^T, see the fragment notes above
+  float reference[2];  // per head row g, g + 8 of this thread: the max P is relative to (log2 units)
+  float row_max[2];    // the true running max (log2 units)
+  float row_sum[2];    // this thread's share of sum(P) relative to `reference`
+};
+
+template <int D_QK>
+__device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[32]) {
+  constexpr int STEPS = D_QK / 32;
+  // Step kk starts at column block kk / 2, byte (kk % 2) * 32 of every row; descriptors count 16 B.
+  uint64_t dq = desc_sw64(smem_addr(ss.q));
+  uint64_t dk = desc_sw64(smem_addr(ss.kv[stage][wg]));
+  // Opaque bases: otherwise ptxas hoists all 2 x STEPS loop-invariant descriptors out of the pair
+  // loop and keeps them in (72) registers.
+  asm volatile("" : "+l"(dq), "+l"(dk));
+  // The first step ignores the accumulators (scale-d 0), but the atom's asm reads them: giving them a
+  // value here ends the live range of the previous logits, which would otherwise pin 32 registers.
+#pragma unroll
+  for (int j = 0; j < 32; ++j) s[j] = 0.f;
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int kk = 0; kk < STEPS; ++kk) {
+    const uint64_t step = static_cast<uint64_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
+    wgmma_64x64x32_ss(s, dq + step, dk + step, kk > 0);
+  }
+  cute::warpgroup_commit_batch();
+}
+
+// The A fragments of V^T for one block: [k-step][64-dim tile][register].
+__device__ __forceinline__ void load_v_fragments(uint32_t tile, uint32_t lane_offset, uint32_t (&a)[2][4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t x[4];
+      ldmatrix_x4_trans(tile + lane_offset + i * (B_TOPK * 64) + ks * 32 * 64, x);
+      a[ks][i][0] = prmt(x[0], x[1], 0x6420);
+      a[ks][i][1] = prmt(x[0], x[1], 0x7531);
+      a[ks][i][2] = prmt(x[2], x[3], 0x6420);
+      a[ks][i][3] = prmt(x[2], x[3], 0x7531);
+    }
+  }
+}
+
+template <int D_QK>
+__device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
+                                                      ConsumerState& st) {
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int k = 0; k < 32; ++k) st.o[i][k] = 0.f;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.reference[h] = -INFINITY;
+    st.row_max[h] = -INFINITY;
+    st.row_sum[h] = 0.f;
+  }
+  if (n_pairs == 0) return;
+
+  // This thread's ldmatrix row (slot 32ks + lane) and 16-byte chunk (16wg + 4i + warp) of a KV tile.
+  const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ ((lane >> 1) & 3)) << 4));
+  // This thread's 4-byte group of P: rows g + 8h of its warp, slots 16G + 4c .. + 3 (G < 4).
+  const uint32_t probs_row_offset = static_cast<uint32_t>((16 * warp + g) * 64 + 4 * c);
+  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
+
+  float s[32];
+  mbarrier_wait(&ss.q_full, 0);
+  mbarrier_wait(&ss.kv_full[0][wg], 0);
+  issue_qk(ss, 0, wg, s);
+  cute::warpgroup_wait<0>();
+  fence_operands(s);
+
+  for (int pair = 0; pair < n_pairs; ++pair) {
+    const int stage = pair % NUM_STAGES;
+    const uint32_t phase = (pair / NUM_STAGES) & 1;
+
+    // Logits (log2 units) of this block; invalid slots are -inf.
+    const uint64_t valid = ss.valid[stage][wg] >> (2 * c);
+    float mloc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool v = (valid >> (8 * j + e)) & 1u;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[4 * j + 2 * h + e];
+          x = v ? x * scale_log2 : -INFINITY;
+          mloc[h] = fmaxf(mloc[h], x);
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
+      mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
+      if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
+    }
+    named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+
+    // Both consumers derive the same reference and alpha from the same two maxima.
+    bool rescale = false;
+    float base[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = fmaxf(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
+      st.row_max[h] = fmaxf(st.row_max[h], mx);
+      alpha[h] = 1.f;
+      if (mx > st.reference[h] + REFERENCE_SLACK) {  // false while mx is -inf
+        alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
+        rescale = rescale || st.reference[h] != -INFINITY;
+        st.reference[h] = mx;
+      }
+      base[h] = st.reference[h] == -INFINITY ? 0.f : st.reference[h];
+    }
+    uint8_t* probs = ss.probs[wg];
+    float psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = ex2(s[8 * grp + 2 * h] - base[h]);
+        const float p1 = ex2(s[8 * grp + 2 * h + 1] - base[h]);
+        const float p2 = ex2(s[8 * grp + 4 + 2 * h] - base[h]);
+        const float p3 = ex2(s[8 * grp + 4 + 2 * h + 1] - base[h]);
+        psum[h] += (p0 + p1) + (p2 + p3);
+        const uint32_t packed = to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16);
+        *reinterpret_cast<uint32_t*>(probs + probs_row_offset + 8 * h * 64 + ((grp ^ swz) << 4)) = packed;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
+      if (c == 0) ss.alpha[wg][16 * warp + g + 8 * h] = alpha[h];
+    }
+    cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
+    const bool any_rescale = named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
+
+    // The other block's rows were waited for by the other consumer; wait too (it has completed),
+    // so that this thread's ldmatrix reads are ordered after the copies.
+    mbarrier_wait(&ss.kv_full[stage][1 - wg], phase);
+    if (any_rescale) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 a = *reinterpret_cast<const float2*>(&ss.alpha[wg][8 * j + 2 * c]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          st.o[i][4 * j + 0] *= a.x;
+          st.o[i][4 * j + 1] *= a.y;
+          st.o[i][4 * j + 2] *= a.x;
+          st.o[i][4 * j + 3] *= a.y;
+        }
+      }
+    }
+
+    // O^T += V^T . P^T over both blocks: 2 commit groups, so that block 0's A registers are free (and
+    // the next Q.K^T issued) while block 1's products still run.
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      uint32_t a[2][4][4];
+      load_v_fragments(smem_addr(ss.kv[stage][b]), v_lane_offset, a);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
+      cute::warpgroup_arrive();
+      uint64_t dp = desc_sw64(smem_addr(ss.probs[b]));
+      asm volatile("" : "+l"(dp));  // computed here, not hoisted out of the loop into registers
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(st.o[i], a[ks][i], dp + ((ks * 32) >> 4));
+      }
+      cute::warpgroup_commit_batch();
+      if (b == 0) cute::warpgroup_wait<0>();
+    }
+    if (pair + 1 < n_pairs) {
+      const int next_stage = (pair + 1) % NUM_STAGES;
+      mbarrier_wait(&ss.kv_full[next_stage][wg], ((pair + 1) / NUM_STAGES) & 1);
+      issue_qk(ss, next_stage, wg, s);
+    }
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
+    fence_operands(s);
+    if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage]);  // this warp's reads of the stage are done
+  }
+}
+
+}  // namespace sparse_mla::sm90::prefill

@@ -1,0 +1,90 @@
+// The consumers' epilogue: full row sums, max_logits and lse, and the bf16 output.
+//
+// Row sums are split between the consumers (each summed its own blocks' P) and across the 4 threads
+// of a row; consumer 0 turns them into the statistics and the per-head output scale, which every
+// thread then applies to its O^T fragment (dims 2g, 2g + 1 of 16 heads per 64-dim tile).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90::prefill {
+
+template <int D_QK>
+__device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
+                                              const ConsumerState& st, int q_row, int head_begin, int num_heads) {
+  constexpr float LN2 = 0.6931471805599453f;
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+
+  float row_sum[2] = {st.row_sum[0], st.row_sum[1]};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    if (c == 0) ss.row_sum[wg][16 * warp + g + 8 * h] = row_sum[h];
+  }
+  named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
+  if (wg == 0) {
+    const float kv_scale = *params.kv_scale;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + g + 8 * h;
+      const int head = head_begin + row;
+      const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
+      float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
+      if (st.reference[h] != -INFINITY) {
+        lse = (st.reference[h] + log2f(sum)) * LN2;
+        mx = st.row_max[h] * LN2;
+        scale = kv_scale / sum;
+        if (params.attn_sink != nullptr && row < num_heads) scale *= 1.f / (1.f + expf(params.attn_sink[head] - lse));
+      }
+      if (c == 0) {
+        ss.out_scale[row] = scale;
+        if (row < num_heads) {
+          params.max_logits[static_cast<int64_t>(q_row) * params.max_logits_stride_s +
+                            static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
+          params.lse[static_cast<int64_t>(q_row) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
+        }
+      }
+    }
+  }
+  named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
+
+  bf16* out_row = params.out + static_cast<int64_t>(q_row) * params.out_stride_s;
+  const int dim0 = 256 * wg + 16 * warp + 2 * g;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 scale = *reinterpret_cast<const float2*>(&ss.out_scale[8 * j + 2 * c]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = 8 * j + 2 * c + e;
+      if (row >= num_heads) continue;
+      const float sc = e == 0 ? scale.x : scale.y;
+      bf16* dst_row = out_row + static_cast<int64_t>(head_begin + row) * params.out_stride_h + dim0;
+      const bool aligned = (reinterpret_cast<uintptr_t>(dst_row) & 3) == 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float v0 = st.o[i][4 * j + e] * sc, v1 = st.o[i][4 * j + 2 + e] * sc;
+        bf16* dst = dst_row + 64 * i;
+        if (aligned) {
+          *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          dst[0] = __float2bfloat16_rn(v0);
+          dst[1] = __float2bfloat16_rn(v1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sparse_mla::sm90::prefill

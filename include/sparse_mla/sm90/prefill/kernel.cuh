@@ -1,0 +1,67 @@
+// The SM90 FP8 sparse MLA prefill kernel: setup, then one role per warpgroup (traits.cuh).
+//
+// Numerics: Q.K^T and P.V run on e4m3 wgmma with fp32 accumulators (FP8 tensor-core accumulation
+// carries a few units of 2^-9 relative error per logit); softmax in the exp2 domain with
+// sm_scale * q_scale * kv_scale * log2(e) folded into one multiplier; P rounded to e4m3; the
+// dequantization scale of V applied once in the epilogue.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/epilogue.cuh>
+#include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/producer.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90::prefill {
+
+// Grid: one CTA per (query token, head block), the head blocks of a token adjacent in launch order
+// (they gather the same rows: the second finds them in L2).
+template <int D_QK, int TOPK>
+__global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+  __trap();  // built for the wrong target (wgmma and setmaxnreg need sm_90a)
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
+
+  const int head_blocks = (params.h_q + B_H - 1) / B_H;
+  const int q_row = static_cast<int>(blockIdx.x / head_blocks);
+  const int head_begin = static_cast<int>(blockIdx.x % head_blocks) * B_H;
+  const int num_heads = min(B_H, params.h_q - head_begin);
+  int n_slots = TOPK;
+  if (params.topk_length != nullptr) n_slots = min(max(params.topk_length[q_row], 0), TOPK);
+  const int n_pairs = (n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+
+  if (threadIdx.x == 0) {
+    ClusterBarrier::init(&ss.q_full, 128);
+#pragma unroll
+    for (int stage = 0; stage < NUM_STAGES; ++stage) {
+      ClusterBarrier::init(&ss.kv_full[stage][0], KV_FULL_ARRIVALS);
+      ClusterBarrier::init(&ss.kv_full[stage][1], KV_FULL_ARRIVALS);
+      ClusterBarrier::init(&ss.kv_empty[stage], KV_EMPTY_ARRIVALS);
+    }
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= NUM_CONSUMER_THREADS) {
+    cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
+    run_producer<D_QK, TOPK>(params, ss, q_row, head_begin, num_heads, n_slots, n_pairs);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
+    const float scale_log2 = static_cast<float>(static_cast<double>(params.sm_scale) * static_cast<double>(*params.q_scale) *
+                                                static_cast<double>(*params.kv_scale) * 1.4426950408889634);
+    ConsumerState st;
+    run_consumer_mainloop<D_QK>(ss, scale_log2, n_pairs, st);
+    store_outputs<D_QK>(params, ss, st, q_row, head_begin, num_heads);
+  }
+#endif
+}
+
+}  // namespace sparse_mla::sm90::prefill

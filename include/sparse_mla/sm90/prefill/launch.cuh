@@ -1,0 +1,28 @@
+// Host-side launch of the SM90 prefill kernel for one (D_QK, TOPK) key.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/kernel.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90 {
+
+// Launches on `stream`; params.s_q > 0, params.topk == TOPK and s_q * ceil(h_q / 64) <= INT32_MAX.
+// Returns the launch error; never synchronizes.
+template <int D_QK, int TOPK>
+cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
+  static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
+  static_assert(TOPK > 0, "topk must be positive");
+  constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
+  auto kernel = prefill::prefill_kernel<D_QK, TOPK>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return err;
+  const int head_blocks = (params.h_q + prefill::B_H - 1) / prefill::B_H;
+  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(params.s_q) * head_blocks));
+  kernel<<<grid, prefill::NUM_THREADS, smem_bytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace sparse_mla::sm90

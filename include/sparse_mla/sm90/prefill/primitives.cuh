@@ -1,0 +1,115 @@
+// The Hopper primitives the prefill kernel uses. CUTLASS/CuTe provides the wgmma atoms, the warpgroup
+// fences, setmaxnreg and the mbarrier operations; this file adds what they lack: a compiler memory
+// fence after mbarrier waits (CUTLASS's wait asm has no "memory" clobber, so plain shared loads could
+// be hoisted above it), ldmatrix.trans, the 16-byte zero-filling cp.async with an L2 prefetch hint,
+// named barriers with an OR reduction, and the 64-byte-swizzle wgmma descriptor.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+namespace sparse_mla::sm90::prefill {
+
+using cutlass::arch::ClusterBarrier;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Waits for the phase with parity `phase` of an mbarrier; later shared-memory accesses stay after it.
+__device__ __forceinline__ void mbarrier_wait(const uint64_t* bar, uint32_t phase) {
+  ClusterBarrier::wait(bar, phase);
+  asm volatile("" ::: "memory");
+}
+
+// 16 bytes global -> shared; an invalid source is zero-filled and never read.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+               : "memory");
+}
+
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+
+// bar.red.or: a barrier that also returns whether `pred` was true in any participating thread.
+template <int ID, int THREADS>
+__device__ __forceinline__ bool named_barrier_sync_or(bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(out)
+      : "r"(static_cast<uint32_t>(pred)), "n"(ID), "n"(THREADS)
+      : "memory");
+  return out != 0;
+}
+
+// Four 8x8 b16 matrices, transposed: thread t receives, of matrix i (rows addressed by threads
+// 8i..8i+7), the elements (row 2(t%4), column t/4) in the low half and (row 2(t%4)+1, column t/4)
+// in the high half of x[i].
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&x)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats -> two e4m3 (saturating to +-448), the first in the low byte.
+__device__ __forceinline__ uint32_t to_e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(r) : "f"(lo), "f"(hi));
+  return r;
+}
+
+// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile starting at `addr`.
+__device__ __forceinline__ uint64_t desc_sw64(uint32_t addr) {
+  uint64_t d = static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;         // leading byte offset: unused for swizzled K-major
+  d |= static_cast<uint64_t>(512 >> 4) << 32;  // stride byte offset: 8 rows x 64 B
+  d |= static_cast<uint64_t>(2) << 62;         // 64-byte swizzle
+  return d;
+}
+
+#define SPARSE_MLA_ACC32(d)                                                                          \
+  d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], \
+      d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], \
+      d[30], d[31]
+
+// D[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T, e4m3 operands from shared memory, fp32 accumulators.
+__device__ __forceinline__ void wgmma_64x64x32_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(
+      desc_a, desc_b, SPARSE_MLA_ACC32(d),
+      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// D[64 x 64] += A[64 x 32] . B[64 x 32]^T, A (e4m3) from registers in the wgmma fragment layout.
+__device__ __forceinline__ void wgmma_64x64x32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, SPARSE_MLA_ACC32(d));
+}
+
+#undef SPARSE_MLA_ACC32
+
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+}  // namespace sparse_mla::sm90::prefill

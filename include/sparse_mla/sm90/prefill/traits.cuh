@@ -1,0 +1,79 @@
+// Tile sizes, thread roles, register budgets and the shared-memory plan of the SM90 prefill kernel.
+//
+// Work decomposition: one CTA per (query token, block of B_H = 64 heads); 3 warpgroups.
+//   WG0, WG1 (consumers)  Q.K^T, online softmax and P.V. topk is walked in pairs of B_TOPK = 64-row
+//                         blocks: WG w computes the logits of block w of the pair (all 64 heads), and
+//                         owns output columns [256w, 256w + 256) of both blocks' P.V.
+//   WG2 (producer)        loads Q once, then gathers the KV rows of each pair into a stage.
+// The producer runs NUM_STAGES pairs ahead of the consumers at most; stages are handed over with
+// mbarriers (kv_full: rows landed; kv_empty: both consumers finished reading them).
+#pragma once
+
+#include <cstdint>
+
+namespace sparse_mla::sm90::prefill {
+
+constexpr int D_V = 512;
+constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
+constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
+constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
+constexpr int NUM_CONSUMER_THREADS = 256;
+constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + 128;
+// setmaxnreg budgets: 2 x 232 + 40 = 504 = 3 x 168, the registers the CTA is launched with
+// (__launch_bounds__(384, 1) caps a thread at 168); setmaxnreg.inc waits forever if the producer
+// did not free what the consumers take.
+constexpr int CONSUMER_REGS = 232;
+constexpr int PRODUCER_REGS = 40;
+static_assert(2 * CONSUMER_REGS + PRODUCER_REGS <= 3 * ((65536 / NUM_THREADS) / 8 * 8),
+              "the warpgroups' registers after setmaxnreg fit in the CTA's launch allocation");
+// The softmax keeps a reference max per head and moves it only when a new logit exceeds it by more
+// than this (log2 units), so O is rescaled rarely; P = 2^(logit - reference) <= 2^8 = 256 stays
+// inside e4m3's range (448).
+constexpr float REFERENCE_SLACK = 8.f;
+
+// Named barriers (id 0 is __syncthreads); each spans the 256 consumer threads.
+enum NamedBarrierId : int {
+  kRowMaxReady = 1,  // both consumers' block row maxima are in SharedStorage::row_max
+  kProbsReady = 2,   // both blocks' P (and alpha) are in shared memory, fenced for wgmma
+  kRowSumReady = 3,  // epilogue: row sums, then output scales, are in shared memory
+};
+
+// Every operand tile is K-major with the 64-byte swizzle: column blocks of 64 bytes, block b at
+// b * rows * 64, row r at r * 64 inside it, 16-byte chunk c (0..3) of the block at
+// (c ^ ((r >> 1) & 3)) * 16. Tiles are 1024-byte aligned (the swizzle repeats every 512 bytes).
+template <int D_QK>
+struct SharedStorage {
+  static constexpr int TILE_BYTES = B_TOPK * D_QK;  // 64 rows of D_QK e4m3
+  static_assert(B_H == B_TOPK, "Q and KV tiles share one layout");
+
+  alignas(1024) uint8_t q[TILE_BYTES];                   // this CTA's 64 heads of q (zero past h_q)
+  alignas(1024) uint8_t kv[NUM_STAGES][2][TILE_BYTES];   // gathered rows [stage][block of the pair];
+                                                         // zero rows for invalid slots (never read)
+  alignas(1024) uint8_t probs[2][B_H * B_TOPK];          // e4m3 P of the current pair's blocks: rows are
+                                                         // heads, columns slots in probs_slot() order
+  uint64_t valid[NUM_STAGES][2];                         // bit r: row r of kv[stage][block] is a valid slot
+  float row_max[2][B_H];    // consumer w's block row maxima (log2 units), exchanged every pair
+  float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
+  float row_sum[2][B_H];    // epilogue: each consumer's row sums
+  float out_scale[B_H];     // epilogue: per-head output scale
+  uint64_t q_full;                       // Q landed (128 producer arrivals)
+  uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
+  uint64_t kv_empty[NUM_STAGES];         // both consumers are done with the stage (8 warp arrivals)
+};
+
+// Arrivals that complete kv_full: one cp.async-tracking arrival per producer thread, and one plain
+// arrival per producer warp after it wrote its valid bits.
+constexpr int KV_FULL_ARRIVALS = 128 + 4;
+constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS / 32;
+
+template <int D_QK>
+constexpr int shared_storage_bytes() {
+  return static_cast<int>(sizeof(SharedStorage<D_QK>)) + 1024;  // slack to align the base to 1024
+}
+static_assert(sizeof(SharedStorage<576>) + 1024 <= 232448, "fits the 227 KB per-block shared-memory limit");
+
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows) {
+  return static_cast<uint32_t>((chunk >> 2) * (rows * 64) + row * 64 + (((chunk & 3) ^ ((row >> 1) & 3)) << 4));
+}
+
+}  // namespace sparse_mla::sm90::prefill
