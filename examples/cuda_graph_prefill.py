@@ -1,7 +1,7 @@
 """Capture sparse_mla in a CUDA graph, the way a serving engine runs its prefill steps.
 
-One eager warm-up call loads (or compiles) the kernel module outside the capture; the graph is then
-captured on static buffers, and every step copies its new inputs into those buffers and replays. The
+``sparse_mla.warmup`` loads (or compiles) the kernel module before anything is captured, and one
+eager call on the static buffers runs it once outside the capture; the graph is then captured, and every step copies its new inputs into those buffers and replays. The
 example checks each replay against the float32 reference and times eager calls against replays.
 
     python examples/cuda_graph_prefill.py --s-q 512 --h-q 64
@@ -14,6 +14,7 @@ import time
 
 import torch
 
+import sparse_mla
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.testing import assert_close_to_reference, make_inputs, reference_prefill
 
@@ -28,8 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     shape = dict(s_q=args.s_q, s_kv=args.s_kv, h_q=args.h_q, d_qk=576, topk=args.topk)
 
+    sparse_mla.warmup(d_qk=576, topk=args.topk)  # load the kernel before any capture
     static = make_inputs(**shape, seed=0, topk_length="random", attn_sink="random")
-    out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(**static)  # warm-up: loads the module
+    out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(**static)  # one eager call on the static buffers
     torch.cuda.synchronize()
 
     graph = torch.cuda.CUDAGraph()

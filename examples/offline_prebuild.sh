@@ -15,4 +15,4 @@ python -m sparse_mla list --cache-dir "$cache_dir"
 # 2. On the GPU node (after copying $cache_dir there): load only, never compile. A kernel missing from
 #    the cache raises JITDisabledError naming the prebuild command instead of starting nvcc.
 export SPARSE_MLA_JIT_CACHE_DIR="$cache_dir" SPARSE_MLA_DISABLE_JIT=1
-python -c "from sparse_mla.jit import get_module, KernelKey; print('loaded', get_module(KernelKey(576, 2048)).kernel_key())"
+python -c "import sparse_mla; sparse_mla.warmup(d_qk=576, topk=2048); print('loaded from', '$cache_dir')"

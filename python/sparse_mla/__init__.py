@@ -1,7 +1,8 @@
 """sparse_mla: FP8 sparse MLA prefill attention for NVIDIA Hopper, JIT-compiled per (d_qk, topk).
 
-    from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-    out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale)
+    import sparse_mla
+    sparse_mla.warmup(d_qk=576, topk=2048)  # at startup: load (or compile) the kernel
+    out, max_logits, lse = sparse_mla.sparse_mla_q8kv8_prefill_fwd(q, kv, indices, sm_scale, q_scale, kv_scale)
 
 Importing this package is cheap: it imports neither torch (until the function is first looked up) nor
 tvm-ffi, starts no compiler and does not initialize CUDA, so the CLI (``python -m sparse_mla``) starts
@@ -17,7 +18,7 @@ from sparse_mla.errors import (
     UnsupportedGPUError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the only place the version is written (pyproject.toml reads it from here)
 
 __all__ = [
     "CacheError",
@@ -27,6 +28,7 @@ __all__ = [
     "ToolchainError",
     "UnsupportedGPUError",
     "sparse_mla_q8kv8_prefill_fwd",
+    "warmup",
 ]
 
 
@@ -36,4 +38,8 @@ def __getattr__(name: str):
         from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
 
         return sparse_mla_q8kv8_prefill_fwd
+    if name == "warmup":
+        from sparse_mla.jit import warmup
+
+        return warmup
     raise AttributeError(f"module 'sparse_mla' has no attribute {name!r}")

@@ -16,7 +16,7 @@ import torch
 
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, get_module
-from sparse_mla.validate import check_pointers, validate_prefill_args
+from sparse_mla.validate import MISSING, check_pointers, validate_prefill_args
 
 __all__ = ["sparse_mla_q8kv8_prefill_fwd"]
 
@@ -26,8 +26,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     kv: torch.Tensor,
     indices: torch.Tensor,
     sm_scale: float,
-    q_scale: torch.Tensor,
-    kv_scale: torch.Tensor,
+    q_scale: torch.Tensor = MISSING,  # required: the default only lets validation explain a call without it
+    kv_scale: torch.Tensor = MISSING,
     d_v: int = 512,
     attn_sink: Optional[torch.Tensor] = None,
     topk_length: Optional[torch.Tensor] = None,
@@ -69,9 +69,10 @@ def sparse_mla_q8kv8_prefill_fwd(
         sparse_mla.errors.UnsupportedGPUError: q is not on an SM90 GPU.
         sparse_mla.errors.SparseMLAError subclasses: the kernel could not be compiled or loaded.
 
-    The kernel for each (d_qk, topk) is compiled on its first call (about a minute) and cached on disk;
-    ``python -m sparse_mla prebuild`` compiles ahead of time. The call does not synchronize the device
-    and is safe inside CUDA graphs and torch.compile.
+    The kernel for each (d_qk, topk) is compiled on its first call (several seconds, announced on
+    stderr) and cached on disk; ``sparse_mla.warmup(d_qk, topk)`` loads it at startup instead, and
+    ``python -m sparse_mla prebuild`` compiles it ahead of time. The call does not synchronize the
+    device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile.
     """
     validate_prefill_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse

@@ -1,6 +1,6 @@
 """Typed exceptions of sparse_mla.
 
-Bad arguments raise the built-in ``ValueError`` / ``TypeError`` (SPEC §5). Everything that goes wrong
+Bad arguments raise the built-in ``ValueError`` / ``TypeError``. Everything that goes wrong
 around the kernel itself raises a subclass of :class:`SparseMLAError`, so that serving code can catch
 the library's failures in one place and tell them apart by type.
 """

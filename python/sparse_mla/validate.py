@@ -1,4 +1,4 @@
-"""Argument checks of sparse_mla_q8kv8_prefill_fwd (SPEC §5), on tensor metadata only.
+"""Argument checks of sparse_mla_q8kv8_prefill_fwd, on tensor metadata only.
 
 Nothing here reads tensor values, synchronizes the device or touches a compiler: a rejected call never
 reaches the JIT. The checks run in a fixed order (types, devices, dtypes, ranks and shapes, strides,
@@ -62,6 +62,33 @@ def _check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
 _REQUIRED = ("q", "kv", "indices", "q_scale", "kv_scale")
 
 
+class _Missing:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+# The default of q_scale and kv_scale: they are required, but a call that leaves them out is most
+# likely a FlashMLA-style call, and deserves that message rather than Python's "missing argument".
+MISSING = _Missing()
+
+
+def _not_a_tensor(name: str, value) -> str:
+    if value is MISSING:
+        return (
+            f"{name} is required (a one-element float32 CUDA tensor), got nothing; the arguments are (q, kv, "
+            "indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None, topk_length=None)"
+        )
+    message = f"{name} must be a torch.Tensor, got {type(value).__name__}"
+    if name == "q_scale" and type(value) is int:
+        # FlashMLA's sparse prefill takes (q, kv, indices, sm_scale, d_v, ...): its d_v lands here.
+        message += (
+            f" {value}: this looks like a FlashMLA-style call (q, kv, indices, sm_scale, d_v); here the fifth "
+            "and sixth arguments are q_scale and kv_scale (one-element float32 CUDA tensors) and d_v follows "
+            "them: pass it as d_v=512"
+        )
+    return message
+
+
 def validate_prefill_args(
     q,
     kv,
@@ -91,7 +118,7 @@ def validate_prefill_args(
     )
     for name, t in tensors:
         if not isinstance(t, torch.Tensor) and (t is not None or name in _REQUIRED):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(_not_a_tensor(name, t))
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise TypeError(f"sm_scale must be a Python float, got {type(sm_scale).__name__}")
     if isinstance(d_v, bool) or not isinstance(d_v, int):
@@ -101,7 +128,7 @@ def validate_prefill_args(
     # Devices: every tensor is a CUDA tensor on q's device.
     for name, t in present:
         if not t.is_cuda:
-            _fail(f"{name} must be a CUDA tensor")
+            _fail(f"{name} must be a CUDA tensor, got {t.device}")
     device = q.device
     for name, t in present:
         if t.device != device:
@@ -139,7 +166,7 @@ def validate_prefill_args(
     if topk_length is not None:
         _check_shape(topk_length, "topk_length", (s_q,), "[s_q]")
 
-    # Domain (SPEC §4).
+    # Domain: the extents the kernel supports.
     if h_q < 1:
         _fail(f"h_q (q.shape[1]) must be positive, got {h_q}")
     if s_kv < 1:

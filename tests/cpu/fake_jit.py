@@ -1,14 +1,17 @@
 """A fake builder, loader and build spec for the cache tests: fast, and usable from child processes.
 
 The fake "module" is a file starting with ``FAKE:`` and the key name; anything else fails to load,
-as a truncated or garbage ``.so`` would. Every build appends a line to ``$FAKE_JIT_BUILD_LOG``, so a
-test can count compiles across processes; ``$FAKE_JIT_BUILD_SECONDS`` makes each build that slow.
+as a truncated or garbage ``.so`` would. A build also leaves the by-products a real one does (an object
+file, ninja's files, tvm-ffi's lock), which are not published. Every build appends a line to
+``$FAKE_JIT_BUILD_LOG``, so a test can count compiles across processes; ``$FAKE_JIT_BUILD_SECONDS`` makes
+each build that slow, spent in a child process (``sleep``) as a real build spends it in nvcc: a signal
+to the process group ends it, and the build fails.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import subprocess
 from pathlib import Path
 
 from sparse_mla.jit.build import BuildResult, BuildSpec
@@ -42,7 +45,11 @@ def fake_build(spec: BuildSpec, build_dir: Path) -> BuildResult:
     if log:
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {spec.key.name}\n")
-    time.sleep(float(os.environ.get("FAKE_JIT_BUILD_SECONDS", "0")))
+    seconds = os.environ.get("FAKE_JIT_BUILD_SECONDS")
+    if seconds:
+        subprocess.run(["sleep", seconds], check=True)
+    for by_product in ("cuda_0.o", "build.ninja", ".ninja_log", "lock"):
+        (build_dir / by_product).write_bytes(b"by-product")
     (build_dir / "fake.so").write_bytes(f"FAKE:{spec.key.name}\n".encode() + os.urandom(64))
     return BuildResult(so_name="fake.so", log="fake build", command="fake-nvcc -c x.cu", toolchain="fake")
 

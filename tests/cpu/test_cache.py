@@ -1,6 +1,6 @@
-"""The kernel cache with a fake builder: one build under concurrency, atomic publish, corrupt and
-killed builds, typed errors for unusable cache directories, the disabled-JIT switch (SPEC §6,
-issue 3 items 1-3)."""
+"""The kernel cache with a fake builder: one build under concurrency, atomic publish of exactly the
+documented files, corrupt and killed builds, typed errors for unusable cache directories, the
+disabled-JIT switch, compiles and waits announced on stderr, the public warm-up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 
 import fake_jit
+import sparse_mla
+import sparse_mla.jit
 from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, ToolchainError
 from sparse_mla.jit import build as build_module
 from sparse_mla.jit.cache import KEY_FILE, KernelCache, read_entry
@@ -36,7 +40,7 @@ def cache_root(tmp_path, monkeypatch):
     monkeypatch.delenv("SPARSE_MLA_PREBUILT_DIRS", raising=False)
     monkeypatch.delenv("SPARSE_MLA_DISABLE_JIT", raising=False)
     monkeypatch.setenv("FAKE_JIT_BUILD_LOG", str(tmp_path / "builds.log"))
-    monkeypatch.setattr("sparse_mla.jit.env.source_checkout_root", lambda: None)
+    monkeypatch.delenv("SPARSE_MLA_LOG_LEVEL", raising=False)
     return root
 
 
@@ -56,7 +60,8 @@ def test_build_publishes_a_complete_entry_then_hits(cache_root):
     assert entry == cache_root / "sm90a" / KEY.name / entry.name and len(entry.name) == 16
     meta = json.loads((entry / KEY_FILE).read_text())
     assert meta["key"]["name"] == KEY.name and meta["so_file"] == "fake.so"
-    assert {p.name for p in entry.iterdir()} >= {"fake.so", "build.log", KEY_FILE}
+    # The module, its key.json and build log only: no object file, ninja files or lock (see fake_build).
+    assert sorted(p.name for p in entry.iterdir()) == sorted(["fake.so", "build.log", KEY_FILE])
     assert not list(entry.parent.glob(".staging-*"))
     # A new process (a new cache object) loads it without building.
     assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
@@ -174,13 +179,13 @@ def test_build_killed_by_sigkill_leaves_nothing_loadable(cache_root, tmp_path):
         """
     )
     environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="60")
-    child = subprocess.Popen([sys.executable, "-c", script], env=environment)
+    child = subprocess.Popen([sys.executable, "-c", script], env=environment, start_new_session=True)
     parent = entry_of(cache_root).parent
     deadline = time.time() + 60
     while not list(parent.glob(".staging-*")) and time.time() < deadline:
         time.sleep(0.05)
     assert list(parent.glob(".staging-*")), "the child never started building"
-    os.kill(child.pid, signal.SIGKILL)
+    os.killpg(child.pid, signal.SIGKILL)  # the process and its fake compiler
     child.wait()
     assert not entry_of(cache_root).exists()
     assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
@@ -287,3 +292,178 @@ def test_missing_ninja_is_a_toolchain_error(tmp_path, monkeypatch):
     monkeypatch.setattr(build_module.sys, "executable", str(tmp_path / "python3"))  # no ninja beside it
     with pytest.raises(ToolchainError, match="pip install ninja"):
         build_module.compile_module(fake_jit.fake_spec(KEY), tmp_path)
+
+
+# ---- compiles and waits are visible -------------------------------------------------------------
+
+CHILD = """
+import sys; sys.path.insert(0, {tests!r})
+import logging, fake_jit
+from sparse_mla.jit.key import KernelKey
+{setup}
+fake_jit.fake_cache().get(KernelKey({d_qk}, {topk}))
+"""
+
+
+def run_child(setup: str = "", **environment: str) -> subprocess.CompletedProcess:
+    script = CHILD.format(tests=TESTS_CPU, setup=setup, d_qk=KEY.d_qk, topk=KEY.topk)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=dict(os.environ, **environment), timeout=60
+    )
+
+
+COMPILING = f"sparse_mla: compiling {KEY.name} (not in the cache yet; this takes a while, `{KEY.prebuild_command}` does it ahead of time) ..."
+COMPILED = rf"sparse_mla: compiled {KEY.name} in \d+\.\d s -> "
+
+
+def test_a_compile_is_announced_on_stderr_with_no_logging_configured(cache_root):
+    result = run_child()
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == COMPILING and re.match(COMPILED, lines[1]) and len(lines) == 2, result.stderr
+
+
+@pytest.mark.parametrize(
+    "setup, environment",
+    [
+        ('logging.getLogger("sparse_mla").setLevel(logging.WARNING)', {}),
+        ("", {"SPARSE_MLA_LOG_LEVEL": "warning"}),
+    ],
+    ids=["logging-api", "variable"],
+)
+def test_the_announcements_can_be_silenced(cache_root, setup, environment):
+    result = run_child(setup, **environment)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert len(builds(cache_root)) == 1
+
+
+def test_an_application_that_configured_logging_gets_each_line_once_through_its_own_handler(cache_root):
+    result = run_child('logging.basicConfig(level=logging.WARNING, format="APP %(name)s %(message)s")')
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"APP sparse_mla {COMPILING}" and len(lines) == 2, result.stderr
+
+
+def test_an_unknown_log_level_is_reported_and_ignored(cache_root):
+    result = run_child(SPARSE_MLA_LOG_LEVEL="LOUD")
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("sparse_mla: ignoring SPARSE_MLA_LOG_LEVEL=LOUD (not one of DEBUG, INFO"), result.stderr
+    assert lines[1] == COMPILING, result.stderr
+
+
+def test_a_process_waiting_for_another_ones_build_says_whose_and_how_long(cache_root):
+    script = CHILD.format(tests=TESTS_CPU, setup="", d_qk=KEY.d_qk, topk=KEY.topk)
+    builder = subprocess.Popen(
+        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, env=dict(os.environ, FAKE_JIT_BUILD_SECONDS="4")
+    )
+    parent = entry_of(cache_root).parent
+    deadline = time.time() + 60
+    while not list(parent.glob(".staging-*")) and time.time() < deadline:
+        time.sleep(0.05)
+    waiter = run_child()
+    builder_stderr = builder.communicate(timeout=60)[1]
+    assert builder.returncode == 0 and waiter.returncode == 0, builder_stderr + waiter.stderr
+    lines = waiter.stderr.splitlines()
+    holder = f"pid {builder.pid} on {socket.gethostname()}"
+    assert lines[0].startswith(f"sparse_mla: waiting for the build of {KEY.name} held by {holder} (lock "), lines
+    assert re.fullmatch(rf"sparse_mla: waited \d+\.\d s for the build of {KEY.name}", lines[1]) and len(lines) == 2, lines
+    assert builder_stderr.startswith(COMPILING) and len(builds(cache_root)) == 1
+
+
+# ---- the public warm-up -------------------------------------------------------------------------
+
+
+def test_warmup_loads_every_combination_side_by_side_and_the_calls_then_find_them(cache_root, monkeypatch):
+    both_building = threading.Barrier(2, timeout=30)  # each build waits for the other: they overlap
+
+    def builder(spec, build_dir):
+        both_building.wait()
+        return fake_jit.fake_build(spec, build_dir)
+
+    cache = KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec)
+    monkeypatch.setattr(sparse_mla.jit, "_CACHE", cache)
+    assert sparse_mla.warmup(d_qk=576, topk=[64, 2048, 64]) is None
+    assert sorted(line.split()[1] for line in builds(cache_root)) == sorted([KernelKey(576, 64).name, KEY.name])
+    for key in (KernelKey(576, 64), KEY):
+        assert sparse_mla.jit.get_module(key).kernel_key() == key.name
+    assert len(builds(cache_root)) == 2
+
+
+@pytest.mark.parametrize(
+    "d_qk, topk, match",
+    [(320, 2048, "d_qk must be one of"), (576, 0, "topk must be a positive int"), (576, [], "topk must be an int or a non-empty list")],
+)
+def test_warmup_rejects_unsupported_keys(cache_root, monkeypatch, d_qk, topk, match):
+    monkeypatch.setattr(sparse_mla.jit, "_CACHE", fake_jit.fake_cache())
+    with pytest.raises(ValueError, match=match):
+        sparse_mla.warmup(d_qk=d_qk, topk=topk)
+    assert builds(cache_root) == []
+
+
+# ---- builds in one process run side by side -----------------------------------------------------
+
+VARIABLE = "SPARSE_MLA_TEST_TOOLCHAIN_VARIABLE"
+
+
+def test_builds_with_the_same_toolchain_settings_overlap_and_the_environment_is_restored(monkeypatch):
+    monkeypatch.delenv(VARIABLE, raising=False)
+    extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
+    before = (extension_logger.level, extension_logger.propagate)
+    shared = build_module._SharedToolchainEnvironment()
+    both_inside = threading.Barrier(2, timeout=10)
+    seen = []
+
+    def build():
+        with shared.applied({VARIABLE: "a"}):
+            both_inside.wait()  # broken (an error) unless both threads are inside at once
+            seen.append((os.environ[VARIABLE], extension_logger.level, extension_logger.propagate))
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [("a", logging.INFO, False)] * 2
+    assert VARIABLE not in os.environ and (extension_logger.level, extension_logger.propagate) == before
+
+
+def test_a_build_with_other_toolchain_settings_waits_for_the_running_ones(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "before")
+    shared = build_module._SharedToolchainEnvironment()
+    order, entered = [], threading.Event()
+
+    def other_build():
+        with shared.applied({VARIABLE: "b"}):
+            order.append(os.environ[VARIABLE])
+            entered.set()
+
+    with shared.applied({VARIABLE: "a"}):
+        thread = threading.Thread(target=other_build)
+        thread.start()
+        assert not entered.wait(0.5)
+        order.append(os.environ[VARIABLE])
+    thread.join(10)
+    assert order == ["a", "b"] and os.environ[VARIABLE] == "before"
+
+
+def test_each_build_captures_only_its_own_compiler_output():
+    extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
+    captures, ready = {}, threading.Barrier(2, timeout=10)
+
+    def build(name):
+        capture = build_module._ThreadLogCapture()
+        extension_logger.addHandler(capture)
+        try:
+            ready.wait()  # both handlers are attached before either logs
+            extension_logger.warning("output of %s", name)
+            ready.wait()
+        finally:
+            extension_logger.removeHandler(capture)
+        captures[name] = capture.records
+
+    threads = [threading.Thread(target=build, args=(name,)) for name in ("one", "two")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert captures == {"one": ["output of one"], "two": ["output of two"]}

@@ -1,33 +1,166 @@
-"""The command line (SPEC §7) without a compiler: list, clean, env and argument errors. The real
-prebuild is in the nvcc tier."""
+"""The command line without a compiler: help and version, argument errors, prebuild's summary, errors
+and parallel builds (with the fake compiler), Ctrl-C, list, clean and env. The real prebuild is in the
+nvcc tier."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import re
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 import fake_jit
+import sparse_mla
+import sparse_mla.__main__ as cli
 from sparse_mla.__main__ import main
+from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import KernelKey
+
+TESTS_CPU = str(Path(__file__).parent)
+COMMANDS = ("prebuild", "list", "clean", "env")
 
 
 def run_cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "sparse_mla", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_help_lists_the_commands():
+@pytest.fixture
+def fake_compiler(monkeypatch, tmp_path):
+    """The CLI builds with the fake compiler; returns the file that counts its builds."""
+    log = tmp_path / "builds.log"
+    monkeypatch.setenv("FAKE_JIT_BUILD_LOG", str(log))
+    monkeypatch.setattr(cli, "KernelCache", fake_jit.fake_cache)
+    return log
+
+
+def test_help_lists_the_commands_in_plain_text():
     result = run_cli("--help")
     assert result.returncode == 0
-    for command in ("prebuild", "list", "clean", "env"):
+    for command in COMMANDS:
         assert command in result.stdout
+    for command in ("", *COMMANDS):
+        text = run_cli(*([command] if command else []), "--help").stdout
+        assert "``" not in text and ":class:" not in text and ":mod:" not in text, (command, text)
 
 
-@pytest.mark.parametrize("args", [["prebuild", "--topk", "2048"], ["prebuild", "--d-qk", "320", "--topk", "64"], ["prebuild", "--d-qk", "576", "--topk", "0"]])
+def test_prebuild_help_explains_each_option_with_an_example():
+    text = run_cli("prebuild", "--help").stdout
+    options = text.split("\noptions:\n", 1)[1]
+    for option in ("--d-qk D_QK", "--topk TOPK", "-j N, --jobs N", "--cache-dir DIR"):
+        help_text = options.split(f"\n  {option}", 1)[1].split("\n  -", 1)[0]
+        assert "e.g." in help_text, (option, help_text)
+    assert "examples:\n  python -m sparse_mla prebuild --d-qk 576 --topk 2048" in text
+
+
+def test_version_is_the_package_version_everywhere():
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout == f"sparse_mla {sparse_mla.__version__}\n"
+    assert importlib.metadata.version("sparse_mla") == sparse_mla.__version__
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prebuild", "--topk", "2048"],
+        ["prebuild", "--d-qk", "320", "--topk", "64"],
+        ["prebuild", "--d-qk", "576", "--topk", "0"],
+        ["prebuild", "--d-qk", "576", "--topk", "64", "-j", "0"],
+    ],
+)
 def test_prebuild_argument_errors(args):
     result = run_cli(*args)
-    assert result.returncode == 2 and "error" in result.stderr
+    assert result.returncode == 2 and "error" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_prebuild_prints_a_summary_and_a_second_run_compiles_nothing(fake_compiler, tmp_path, capsys):
+    args = ["prebuild", "--d-qk", "576", "--topk", "64", "2048", "--cache-dir", str(tmp_path / "cache")]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert re.search(r"^sparse_mla_prefill_dqk576_topk64_sm90a\s+built\s+\d+\.\d ", first, re.MULTILINE), first
+    assert "2 ok, 0 failed" in first
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    assert re.search(r"^sparse_mla_prefill_dqk576_topk2048_sm90a\s+cached\s+- ", second, re.MULTILINE), second
+    assert len(fake_compiler.read_text().splitlines()) == 2
+
+
+def test_prebuild_builds_keys_in_parallel(monkeypatch, tmp_path, capsys):
+    """-j 3 with three keys: each build waits until all three are building, so they must overlap."""
+    all_building = threading.Barrier(3, timeout=30)
+
+    def builder(spec, build_dir):
+        all_building.wait()
+        return fake_jit.fake_build(spec, build_dir)
+
+    monkeypatch.setattr(
+        cli, "KernelCache", lambda: KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec)
+    )
+    assert main(["prebuild", "--d-qk", "576", "--topk", "1", "2", "3", "-j", "3", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 at a time" in out and "3 ok, 0 failed" in out, out
+
+
+def test_prebuild_defaults_to_one_job_per_core():
+    assert cli._parser().parse_args(["prebuild", "--d-qk", "576", "--topk", "1"]).jobs == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["--cache-dir", "environment"])
+def test_a_failure_is_explained_below_the_table_with_advice_that_fits_the_command(fake_compiler, tmp_path, monkeypatch, capsys, given):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    args = ["prebuild", "--d-qk", "576", "--topk", "64", "2048"]
+    if given:
+        args += ["--cache-dir", str(not_a_directory)]
+    else:
+        monkeypatch.setenv("SPARSE_MLA_JIT_CACHE_DIR", str(not_a_directory))
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith("sparse_mla_prefill")]
+    assert [row.split()[1:] for row in rows] == [["FAILED", "-", "(error", "1", "below)"], ["FAILED", "-", "(error", "2", "below)"]]
+    assert captured.out.rstrip().endswith("0 ok, 2 failed, " + captured.out.rstrip().rsplit(", ", 1)[1])
+    errors = captured.err.strip().split("\n\n")
+    assert [e.split(":", 1)[0] for e in errors] == ["error 1", "error 2"], captured.err
+    assert f"the kernel cache directory {not_a_directory} cannot be used" in errors[0]
+    if given:
+        assert "--cache-dir" not in captured.err and "choose another directory" in captured.err
+    else:
+        assert "pass --cache-dir DIR, or set SPARSE_MLA_JIT_CACHE_DIR" in captured.err
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
+    """SIGINT to the process group, as a terminal sends it: the fake compiler dies, prebuild says so."""
+    script = textwrap.dedent(
+        f"""
+        import sys; sys.path.insert(0, {TESTS_CPU!r})
+        import fake_jit, sparse_mla.__main__ as cli
+        cli.KernelCache = fake_jit.fake_cache
+        sys.exit(cli.main(["prebuild", "--d-qk", "576", "--topk", "1", "2", "3", "-j", "2", "--cache-dir", {str(tmp_path)!r}]))
+        """
+    )
+    environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="60")
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+        start_new_session=True,
+    )
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob("sm90a/*/.staging-*"))) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(list(tmp_path.glob("sm90a/*/.staging-*"))) == 2, "the two builds never started"
+    start = time.time()
+    os.killpg(child.pid, signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130, (out, err)
+    assert err.endswith("\ninterrupted\n") and "Traceback" not in err, err
+    assert time.time() - start < 20
+    assert not list(tmp_path.glob("sm90a/*/*/key.json")), "an interrupted build was published"
 
 
 def test_list_reports_ok_and_corrupt_entries_then_clean_removes_them(tmp_path, monkeypatch, capsys):
@@ -44,7 +177,18 @@ def test_list_reports_ok_and_corrupt_entries_then_clean_removes_them(tmp_path, m
     assert not (tmp_path / "sm90a").exists()
 
 
-def test_env_prints_the_resolved_configuration(tmp_path):
-    result = run_cli("env", env={**__import__("os").environ, "SPARSE_MLA_JIT_CACHE_DIR": str(tmp_path)})
+def test_env_prints_versions_gpus_roots_and_the_variables_that_are_set(tmp_path):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SPARSE_MLA_")}
+    environment.update(SPARSE_MLA_JIT_CACHE_DIR=str(tmp_path / "env"), SPARSE_MLA_DISABLE_JIT="1")
+    result = run_cli("env", env=environment)
     assert result.returncode == 0, result.stderr
-    assert f"cache dir (writable):  {tmp_path}" in result.stdout
+    rows = dict(re.findall(r"^(.+?):\s+(.*)$", result.stdout, re.MULTILINE))
+    assert rows["sparse_mla"] == sparse_mla.__version__
+    for distribution in ("torch", "apache-tvm-ffi", "nvidia-cutlass"):
+        assert rows[distribution] == importlib.metadata.version(distribution)
+    assert "CUDA toolkit" in rows and "torch's CUDA" in rows and "GPU" in rows
+    assert rows["cache dir (writable)"] == str(tmp_path / "env")
+    assert rows["SPARSE_MLA_JIT_CACHE_DIR"] == str(tmp_path / "env") and rows["SPARSE_MLA_DISABLE_JIT"] == "1"
+    given = run_cli("env", "--cache-dir", str(tmp_path / "given"), env=environment)
+    rows = dict(re.findall(r"^(.+?):\s+(.*)$", given.stdout, re.MULTILINE))
+    assert rows["cache dir (writable)"] == str(tmp_path / "given") and rows["lookup dirs"] == str(tmp_path / "given")

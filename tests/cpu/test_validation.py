@@ -1,5 +1,5 @@
-"""Every validation rule of SPEC §5: the exception type, the words of the message, and that a rejected
-call never reaches the JIT. Tensors are fake CUDA tensors (metadata only), so no GPU is needed."""
+"""Every validation rule: the exception type, the words of the message, and that a rejected call never
+reaches the JIT. Tensors are fake CUDA tensors (metadata only), so no GPU is needed."""
 
 from __future__ import annotations
 
@@ -42,14 +42,46 @@ def test_valid_call_passes():
 def test_cpu_tensor_is_rejected_before_the_jit(name, no_compiler):
     args = _full_args()
     args[name] = _cpu(args[name])
-    with pytest.raises(ValueError, match=f"^{name} must be a CUDA tensor$"):
+    with pytest.raises(ValueError, match=f"^{name} must be a CUDA tensor, got cpu$"):
         sparse_mla_q8kv8_prefill_fwd(**args)
 
 
 def test_all_cpu_tensors_name_q_first(no_compiler):
     args = {k: (_cpu(v) if isinstance(v, torch.Tensor) else v) for k, v in _full_args().items()}
-    with pytest.raises(ValueError, match="^q must be a CUDA tensor$"):
+    with pytest.raises(ValueError, match="^q must be a CUDA tensor, got cpu$"):
         sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+def test_meta_tensor_is_named_in_the_message(no_compiler):
+    args = _full_args(kv=torch.empty((100, 1, 576), dtype=torch.float8_e4m3fn, device="meta"))
+    with pytest.raises(ValueError, match="^kv must be a CUDA tensor, got meta$"):
+        sparse_mla_q8kv8_prefill_fwd(**args)
+
+
+@pytest.mark.parametrize("extra", [(), (None,), (None, None)], ids=["d_v", "d_v+attn_sink", "d_v+sink+length"])
+def test_flashmla_style_positional_d_v_names_the_likely_mistake(extra, no_compiler):
+    """FlashMLA's sparse prefill is called (q, kv, indices, sm_scale, d_v, attn_sink, topk_length)."""
+    args = valid_args()
+    with pytest.raises(TypeError) as raised:
+        sparse_mla_q8kv8_prefill_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"], 512, *extra)
+    message = str(raised.value)
+    assert message.startswith("q_scale must be a torch.Tensor, got int 512: this looks like a FlashMLA-style call")
+    assert "pass it as d_v=512" in message
+
+
+def test_missing_scales_are_named(no_compiler):
+    args = valid_args()
+    with pytest.raises(TypeError, match=r"^q_scale is required \(a one-element float32 CUDA tensor\), got nothing"):
+        sparse_mla_q8kv8_prefill_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"])
+    with pytest.raises(TypeError, match=r"^kv_scale is required"):
+        sparse_mla_q8kv8_prefill_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"], args["q_scale"])
+
+
+@pytest.mark.parametrize("value", [1.0, None, "1"])
+def test_other_non_tensor_scales_get_no_flashmla_hint(value):
+    with pytest.raises(TypeError) as raised:
+        validate_prefill_args(**_full_args(q_scale=value))
+    assert str(raised.value) == f"q_scale must be a torch.Tensor, got {type(value).__name__}"
 
 
 @pytest.mark.parametrize("name", [n for n in TENSOR_ARGS if n != "q"])
@@ -232,8 +264,9 @@ def test_misaligned_q_pointer_is_rejected():
         check_pointers(inputs, {})
 
 
-def test_cpu_call_without_any_compiler_on_path_raises_the_spec_message(tmp_path):
-    """In a fresh process with no nvcc, CUDA_HOME or ninja reachable: the SPEC message, nothing built."""
+def test_cpu_call_without_any_compiler_on_path_raises_the_documented_message(tmp_path):
+    """In a fresh process with no nvcc, CUDA_HOME or ninja reachable: the documented message (the words
+    serving engines match on, and the device it got), nothing built."""
     script = textwrap.dedent(
         """
         import sys, torch
@@ -254,7 +287,7 @@ def test_cpu_call_without_any_compiler_on_path_raises_the_spec_message(tmp_path)
     environment["SPARSE_MLA_JIT_CACHE_DIR"] = str(tmp_path / "cache")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "ERROR: q must be a CUDA tensor\n" in result.stdout
+    assert "ERROR: q must be a CUDA tensor, got cpu\n" in result.stdout
     assert "tvm_ffi imported: False" in result.stdout
     assert not (tmp_path / "cache").exists()
 

@@ -1,4 +1,4 @@
-"""Property-based validation (issue 3 item 5): random shapes, dtypes, devices, ranks, strides and
+"""Property-based validation: random shapes, dtypes, devices, ranks, strides and
 output aliasing give either a call that passes validation or ValueError/TypeError naming the argument,
 never another exception and never a step towards the compiler."""
 

@@ -1,6 +1,7 @@
 """Compile the real kernel for sm_90a with no GPU, through the prebuild command (the JIT's own code):
-ptxas reports no spills and no stack frame, a second prebuild compiles nothing, and a fresh process
-with the JIT disabled and no compiler on PATH loads the prebuilt module."""
+two kernels compiled side by side each get their own build log, ptxas reports no spills and no stack
+frame, an entry holds the documented files only, a second prebuild compiles nothing, and a fresh
+process with the JIT disabled and no compiler on PATH loads the prebuilt module."""
 
 from __future__ import annotations
 
@@ -34,10 +35,9 @@ def prebuild(cache_dir, *args):
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory):
     cache_dir = tmp_path_factory.mktemp("prebuilt")
-    first = prebuild(cache_dir, "--d-qk", "576", "--topk", "2048")
+    first = prebuild(cache_dir, "--d-qk", "576", "--topk", "2048", "100", "-j", "2")  # side by side
     rest = prebuild(cache_dir, "--d-qk", "512", "--topk", "512")
-    ragged = prebuild(cache_dir, "--d-qk", "576", "--topk", "100")
-    for result in (first, rest, ragged):
+    for result in (first, rest):
         assert result.returncode == 0, result.stdout + result.stderr
     return cache_dir, first
 
@@ -49,8 +49,18 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     assert "-gencode=arch=compute_90a,code=sm_90a" in log
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert kernels, log
+    # Only this key's instantiation (the template arguments are mangled as Li<value>E).
+    assert all(f"Li{key.d_qk}E" in k and f"Li{key.topk}E" in k for k in kernels), kernels
+    assert f"{key.name}.cu" in log and all(other.name not in log for other in KEYS if other != key)
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert frames and all(values == ("0", "0", "0") for values in frames), frames
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
+def test_an_entry_holds_the_module_its_source_key_and_build_log_only(prebuilt, key):
+    cache_dir, _ = prebuilt
+    entry = build_spec(key).entry_dir(cache_dir)
+    assert sorted(p.name for p in entry.iterdir()) == sorted([f"{key.name}.so", f"{key.name}.cu", "build.log", "key.json"])
 
 
 def test_prebuild_prints_a_summary_and_a_second_run_compiles_nothing(prebuilt):
@@ -61,12 +71,16 @@ def test_prebuild_prints_a_summary_and_a_second_run_compiles_nothing(prebuilt):
     assert "cached" in again.stdout and "compiling" not in again.stderr
 
 
-def test_a_fresh_process_loads_the_prebuilt_module_without_a_compiler(prebuilt, tmp_path):
+def test_a_fresh_process_warms_up_from_the_prebuilt_modules_without_a_compiler_or_cuda(prebuilt, tmp_path):
     cache_dir, _ = prebuilt
     script = (
+        "import sparse_mla, torch\n"
+        "sparse_mla.warmup(d_qk=576, topk=[2048, 100])\n"
+        "sparse_mla.warmup(d_qk=512, topk=512)\n"
         "from sparse_mla.jit import get_module, KernelKey\n"
         "for d_qk, topk in ((576, 2048), (512, 512), (576, 100)):\n"
         "    print(get_module(KernelKey(d_qk, topk)).kernel_key())\n"
+        "print('CUDA initialized:', torch.cuda.is_initialized())\n"
     )
     environment = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     environment.update(
@@ -77,4 +91,4 @@ def test_a_fresh_process_loads_the_prebuilt_module_without_a_compiler(prebuilt, 
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [k.name for k in KEYS]
+    assert result.stdout.splitlines() == [k.name for k in KEYS] + ["CUDA initialized: False"], result.stdout

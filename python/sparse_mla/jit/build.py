@@ -1,6 +1,6 @@
 """Build description of a kernel key, its digest, and the compile through tvm-ffi.
 
-The digest covers everything that changes the binary (SPEC §6): the key, the generated source, the
+The digest covers everything that changes the binary: the key, the generated source, the
 flags, the contents of every header under ``include/sparse_mla/``, the CUTLASS version, the CUDA
 toolkit version and the tvm-ffi version. It does not cover absolute paths, so moving a cache root or
 the checkout keeps every entry valid, and a module prebuilt on one host loads on another.
@@ -24,9 +24,7 @@ from sparse_mla.errors import ToolchainError
 from sparse_mla.jit import env
 from sparse_mla.jit.key import KernelKey, generated_source
 
-logger = logging.getLogger("sparse_mla")
-
-# nvcc flags besides the arch (pinned through TVM_FFI_CUDA_ARCH_LIST, see _toolchain_environment).
+# nvcc flags besides the arch (pinned through TVM_FFI_CUDA_ARCH_LIST, see _toolchain_overrides).
 # Device code is optimized by ptxas at -O3 by default; tvm-ffi adds -O2 for the host side.
 # -Xptxas=-v puts registers, shared memory and spills into the build log (the nvcc test tier reads it).
 CUDA_FLAGS = (
@@ -105,12 +103,56 @@ class BuildResult:
     toolchain: str  # `nvcc --version`, recorded in key.json
 
 
-# tvm-ffi reads its build settings from the process environment; builds in one process take turns.
-_ENVIRONMENT_LOCK = threading.Lock()
+class _SharedToolchainEnvironment:
+    """The process environment tvm-ffi builds with, shared by concurrent builds.
+
+    tvm-ffi reads its settings from ``os.environ`` and logs the compiler output on its own logger. Builds
+    that need the same settings run side by side (``prebuild -j``, a ``warmup`` of several keys): the
+    first sets the variables and the logger, the last restores them; a build that needs other settings
+    waits until no build runs.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._active: dict[str, str] | None = None
+        self._users = 0
+        self._saved: dict[str, str | None] = {}
+        self._saved_logger: tuple[int, bool] = (logging.NOTSET, True)
+
+    @contextlib.contextmanager
+    def applied(self, overrides: dict[str, str]):
+        extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
+        with self._condition:
+            self._condition.wait_for(lambda: self._users == 0 or self._active == overrides)
+            if self._users == 0:
+                self._active = overrides
+                self._saved = {name: os.environ.get(name) for name in overrides}
+                os.environ.update(overrides)
+                self._saved_logger = (extension_logger.level, extension_logger.propagate)
+                extension_logger.setLevel(logging.INFO)
+                extension_logger.propagate = False  # the output goes to build.log (and to our log when verbose)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._users -= 1
+                if self._users == 0:
+                    for name, value in self._saved.items():
+                        if value is None:
+                            os.environ.pop(name, None)
+                        else:
+                            os.environ[name] = value
+                    extension_logger.setLevel(self._saved_logger[0])
+                    extension_logger.propagate = self._saved_logger[1]
+                    self._active = None
+                    self._condition.notify_all()
 
 
-@contextlib.contextmanager
-def _toolchain_environment(spec: BuildSpec, cuda_home: Path):
+_ENVIRONMENT = _SharedToolchainEnvironment()
+
+
+def _toolchain_overrides(spec: BuildSpec, cuda_home: Path) -> dict[str, str]:
     overrides = {
         "TVM_FFI_CUDA_ARCH_LIST": _TVM_FFI_ARCH[spec.key.arch],  # never let it probe nvidia-smi
         "TVM_FFI_GPU_BACKEND": "cuda",
@@ -123,26 +165,20 @@ def _toolchain_environment(spec: BuildSpec, cuda_home: Path):
         if not (beside_python / "ninja").exists():
             raise ToolchainError("`ninja` is not on PATH: `pip install ninja`")
         overrides["PATH"] = f"{beside_python}{os.pathsep}{os.environ.get('PATH', '')}"
-    with _ENVIRONMENT_LOCK:
-        saved = {name: os.environ.get(name) for name in overrides}
-        os.environ.update(overrides)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    return overrides
 
 
-class _LogCapture(logging.Handler):
+class _ThreadLogCapture(logging.Handler):
+    """Collects the records logged by the thread that created it (concurrent builds log side by side)."""
+
     def __init__(self) -> None:
         super().__init__(logging.INFO)
+        self._thread = threading.get_ident()
         self.records: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record.getMessage())
+        if record.thread == self._thread:
+            self.records.append(record.getMessage())
 
 
 def _compile_command(text: str) -> str:
@@ -168,14 +204,11 @@ def compile_module(spec: BuildSpec, build_dir: Path) -> BuildResult:
 
     from tvm_ffi import cpp  # the only place the package imports tvm-ffi's build machinery
 
-    capture = _LogCapture()
+    capture = _ThreadLogCapture()
     extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
     extension_logger.addHandler(capture)
-    level, propagate = extension_logger.level, extension_logger.propagate
-    extension_logger.setLevel(logging.INFO)
-    extension_logger.propagate = False  # the output goes to build.log (and to our log when verbose)
     try:
-        with _toolchain_environment(spec, cuda_home):
+        with _ENVIRONMENT.applied(_toolchain_overrides(spec, cuda_home)):
             so_path = cpp.build(
                 spec.key.name,
                 cuda_files=[str(source_path)],
@@ -185,8 +218,6 @@ def compile_module(spec: BuildSpec, build_dir: Path) -> BuildResult:
             )
     finally:
         extension_logger.removeHandler(capture)
-        extension_logger.setLevel(level)
-        extension_logger.propagate = propagate
     log = "\n".join(capture.records)
     return BuildResult(
         so_name=Path(so_path).name, log=log, command=_compile_command(log), toolchain=toolchain

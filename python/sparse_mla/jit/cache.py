@@ -6,12 +6,15 @@ and the sha256 of the ``.so``). ``key.json`` is written last and an entry is pub
 finished staging directory, so a directory with a valid ``key.json`` is a complete entry, and a
 ``.so`` whose bytes no longer match the recorded sha256 is detected as corrupt and rebuilt.
 
-Protocol (SPEC §6, DESIGN §3):
+Protocol:
 1. memo: a dict per process, one lock per key, so concurrent threads build once;
 2. lookup: every cache root in order, no lock, no subprocess; an intact entry is loaded;
 3. miss: take an exclusive file lock next to the entry in the writable root (concurrent processes,
    e.g. 8 tensor-parallel ranks, queue here), look again, else build into a staging directory,
    load-check it, write key.json, and publish with an atomic rename.
+
+A compile, and a wait for another process's compile, are announced on the ``sparse_mla`` logger
+(:mod:`sparse_mla.jit.log`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import datetime
 import errno
 import fcntl
 import json
-import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -42,8 +45,7 @@ from sparse_mla.jit.build import (
     file_sha256,
 )
 from sparse_mla.jit.key import KEY_FUNCTION, KernelKey
-
-logger = logging.getLogger("sparse_mla")
+from sparse_mla.jit.log import logger
 
 KEY_FILE = "key.json"
 _STAGING_PREFIX = ".staging-"
@@ -164,13 +166,19 @@ class KernelCache:
 
     # ---- building (also the prebuild command) --------------------------------------------------
 
-    def build(self, spec: BuildSpec, root: Path) -> tuple[Path, float | None, Any]:
+    def build(self, spec: BuildSpec, root: Path, advice: str | None = None) -> tuple[Path, float | None, Any]:
         """Make sure ``root`` holds a loadable entry for ``spec``. Returns (entry, compile seconds or
-        None when another process or an earlier run had built it, the loaded module)."""
+        None when another process or an earlier run had built it, the loaded module). ``advice`` ends
+        the message of a CacheError (default: how to point the JIT at another directory)."""
         entry_dir = spec.entry_dir(root)
-        with _cache_errors(root, spec.key):
+        if advice is None:
+            advice = (
+                f"set SPARSE_MLA_JIT_CACHE_DIR to a writable directory with a few MB free, or prebuild there "
+                f"with: {spec.key.prebuild_command} --cache-dir DIR"
+            )
+        with _cache_errors(root, advice):
             entry_dir.parent.mkdir(parents=True, exist_ok=True)
-            with _file_lock(entry_dir.parent / f".{entry_dir.name}.lock"):
+            with _file_lock(entry_dir.parent / f".{entry_dir.name}.lock", spec.key.name):
                 module = self._try_load(spec, entry_dir)
                 if module is not None:
                     return entry_dir, None, module
@@ -187,8 +195,10 @@ class KernelCache:
         staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{entry_dir.name}-", dir=entry_dir.parent))
         try:
             logger.info(
-                "sparse_mla: compiling %s (first use of this kernel; this takes a minute or two) ...",
+                "sparse_mla: compiling %s (not in the cache yet; this takes a while, `%s` does it ahead "
+                "of time) ...",
                 spec.key.name,
+                spec.key.prebuild_command,
             )
             start = time.perf_counter()
             try:
@@ -207,6 +217,7 @@ class KernelCache:
                 ) from error
             seconds = time.perf_counter() - start
             (staging / "build.log").write_text(f"$ {result.command}\n{result.log}\n")
+            _keep_only(staging, {f"{spec.key.name}.cu", result.so_name, "build.log"})
             if env.verbose():
                 logger.info("sparse_mla: %s\n%s", result.command, result.log)
             meta = {
@@ -233,24 +244,49 @@ class KernelCache:
             if staging.exists():
                 _remove(staging)
 
-    def prebuild(self, key: KernelKey, root: Path) -> tuple[Path, float | None]:
+    def prebuild(self, key: KernelKey, root: Path, advice: str | None = None) -> tuple[Path, float | None]:
         """Build ``key`` into ``root`` (loading it once proves the entry); for the prebuild command."""
-        entry_dir, seconds, _ = self.build(self._spec_for(key), root)
+        entry_dir, seconds, _ = self.build(self._spec_for(key), root, advice)
         return entry_dir, seconds
 
 
+def _keep_only(build_dir: Path, names: set[str]) -> None:
+    """Removes the compiler's by-products (object files, ninja files, tvm-ffi's lock) before publishing."""
+    for path in build_dir.iterdir():
+        if path.name in names:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def _file_lock(path: Path, what: str):
+    """An exclusive lock on ``path``, which names its holder while held; waiting for it is announced."""
     with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, also on a crash
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            logger.info("sparse_mla: waiting for the build of %s held by %s (lock %s) ...", what, holder, path)
+            start = time.perf_counter()
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, also on a crash
+            logger.info("sparse_mla: waited %.1f s for the build of %s", time.perf_counter() - start, what)
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
         try:
             yield
         finally:
+            handle.truncate(0)
+            handle.flush()
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
-def _cache_errors(root: Path, key: KernelKey):
+def _cache_errors(root: Path, advice: str):
     """Turns file-system failures in a cache root into one actionable CacheError."""
     try:
         yield
@@ -261,11 +297,7 @@ def _cache_errors(root: Path, key: KernelKey):
             reason = "is out of space"
         else:
             reason = f"cannot be used ({error.strerror or error})"
-        raise CacheError(
-            f"the kernel cache directory {root} {reason} ({error}); set SPARSE_MLA_JIT_CACHE_DIR to a "
-            f"writable directory with a few MB free, or prebuild there with: {key.prebuild_command} "
-            f"--cache-dir DIR"
-        ) from error
+        raise CacheError(f"the kernel cache directory {root} {reason} ({error}); {advice}") from error
 
 
 def _remove(path: Path) -> None:

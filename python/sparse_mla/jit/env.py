@@ -61,20 +61,15 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else default_cache_dir()
 
 
+def prebuilt_dirs() -> list[Path]:
+    """The read-only cache roots of ``SPARSE_MLA_PREBUILT_DIRS``, in order."""
+    entries = os.environ.get("SPARSE_MLA_PREBUILT_DIRS", "").split(os.pathsep)
+    return [Path(entry.strip()).expanduser() for entry in entries if entry.strip()]
+
+
 def lookup_dirs() -> list[Path]:
-    """Cache roots searched for a built module, in order: the writable root, then prebuilt roots."""
-    roots = [cache_dir()]
-    for entry in os.environ.get("SPARSE_MLA_PREBUILT_DIRS", "").split(os.pathsep):
-        if entry.strip():
-            roots.append(Path(entry.strip()).expanduser())
-    checkout = source_checkout_root()
-    if checkout is not None:
-        roots.append(checkout / "jit_cache")
-    unique: list[Path] = []
-    for root in roots:
-        if root not in unique:
-            unique.append(root)
-    return unique
+    """Cache roots searched for a built module, in order: the writable root, then the prebuilt roots."""
+    return list(dict.fromkeys([cache_dir(), *prebuilt_dirs()]))
 
 
 def include_dir() -> Path:
