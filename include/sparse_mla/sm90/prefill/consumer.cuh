@@ -3,8 +3,15 @@
 // Per pair, consumer w (w = 0, 1):
 //   S_w  = Q . K_w^T           64 heads x 64 slots of block w, e4m3 wgmma (SS), fp32 accumulators
 //   row maxima of S_w -> row_max[w]; [kRowMaxReady]; the pair's row max is max(row_max[0], row_max[1])
-//   P_w  = 2^(S_w - reference) -> e4m3 -> probs[w]; alpha -> alpha[w]; [kProbsReady]
+//   P_w  = 2^(S_w - reference) -> e4m3 -> probs[pair % 2][w]; alpha -> alpha[w]; [kProbsReady]
 //   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T
+// Software pipeline (iteration p; the tensor cores always have queued work except around waits):
+//   rescale O (rare); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0) + Q.K^T(p + 1); wait
+//   A1 = V^T(block 1 of p); release block 1; P.V(p, block 1)
+// (a block is released as soon as its rows are in registers, so the producer refills it early)
+//   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait
+// Only P.V of block 0 and Q.K^T run together: ptxas frees wgmma operand registers only at a
+// wait_group 0, and O (128) + A (2 x 32) + S (32) would not fit the 232-register budget.
 // P.V is computed transposed (O^T = V^T . P^T) so that V needs no transpose in shared memory: the
 // A operand V^T comes from registers, loaded from the gathered rows with ldmatrix.trans and two byte
 // permutes, and the B operand is P as written (rows = heads, K-major). fp8 wgmma reads only K-major
@@ -32,7 +39,7 @@ namespace sparse_mla::sm90::prefill {
 
 // Accumulators and softmax state a consumer thread carries to the epilogue.
 struct ConsumerState {
-  float o[4][32];    // O^T, see the fragment notes above
+  float o[4][32];      // O^T, see the fragment notes above
   float reference[2];  // per head row g, g + 8 of this thread: the max P is relative to (log2 units)
   float row_max[2];    // the true running max (log2 units)
   float row_sum[2];    // this thread's share of sum(P) relative to `reference`
@@ -76,13 +83,97 @@ __device__ __forceinline__ void load_v_fragments(uint32_t tile, uint32_t lane_of
   }
 }
 
+// O^T += V^T . P^T for one block (8 wgmmas, one commit group); `probs` is the block's P tile.
+__device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[2][4][4], uint32_t probs) {
+  uint64_t dp = desc_sw64(probs);
+  asm volatile("" : "+l"(dp));  // computed here, not hoisted out of the pair loop into registers
+#pragma unroll
+  for (int i = 0; i < 4; ++i) fence_operands(o[i]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(o[i], a[ks][i], dp + ((ks * 32) >> 4));
+  }
+  cute::warpgroup_commit_batch();
+}
+
+// Online softmax of one pair: logits s (this consumer's block of the pair in `stage`) -> P in
+// probs[buf][wg], alpha in alpha[wg], running statistics in st. Returns whether any consumer thread
+// must rescale O before the pair's P.V (the reference max of one of its heads moved).
+template <int D_QK>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int buf,
+                                                 float scale_log2, ConsumerState& st) {
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+
+  // Logits (log2 units) of this block are s * scale_log2; invalid slots do not count. The logits are
+  // recomputed below rather than stored: s must not be redefined while a wgmma is in flight (ptxas
+  // would serialize, C7515), and a copy would not fit the register budget.
+  const uint64_t valid = ss.valid[stage][wg] >> (2 * c);
+  const auto is_valid = [&](int k) { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; };  // s[k]'s slot
+  float mloc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int k = 0; k < 32; ++k) {
+    if (is_valid(k)) mloc[(k >> 1) & 1] = fmaxf(mloc[(k >> 1) & 1], s[k] * scale_log2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
+    mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
+    if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
+  }
+  named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+
+  // Both consumers derive the same reference and alpha from the same two maxima.
+  bool rescale = false;
+  float base[2], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mx = fmaxf(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
+    st.row_max[h] = fmaxf(st.row_max[h], mx);
+    alpha[h] = 1.f;
+    if (mx > st.reference[h] + REFERENCE_SLACK) {  // false while mx is -inf
+      alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
+      rescale = rescale || st.reference[h] != -INFINITY;
+      st.reference[h] = mx;
+    }
+    base[h] = st.reference[h] == -INFINITY ? 0.f : st.reference[h];
+  }
+  // This thread's 4-byte groups of P: rows 16 warp + g + 8h, slots 16G + 4c .. + 3 (G < 4).
+  const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
+  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int grp = 0; grp < 4; ++grp) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto prob = [&](int k) { return is_valid(k) ? ex2(fmaf(s[k], scale_log2, -base[h])) : 0.f; };
+      const float p0 = prob(8 * grp + 2 * h), p1 = prob(8 * grp + 2 * h + 1);
+      const float p2 = prob(8 * grp + 4 + 2 * h), p3 = prob(8 * grp + 4 + 2 * h + 1);
+      psum[h] += (p0 + p1) + (p2 + p3);
+      const uint32_t packed = to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16);
+      st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), packed);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
+    if (c == 0) ss.alpha[wg][16 * warp + g + 8 * h] = alpha[h];
+  }
+  cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
+  return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
+}
+
 template <int D_QK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       ConsumerState& st) {
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4;
+  const int c = lane % 4;
 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -99,9 +190,6 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
 
   // This thread's ldmatrix row (slot 32ks + lane) and 16-byte chunk (16wg + 4i + warp) of a KV tile.
   const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ ((lane >> 1) & 3)) << 4));
-  // This thread's 4-byte group of P: rows g + 8h of its warp, slots 16G + 4c .. + 3 (G < 4).
-  const uint32_t probs_row_offset = static_cast<uint32_t>((16 * warp + g) * 64 + 4 * c);
-  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
 
   float s[32];
   mbarrier_wait(&ss.q_full, 0);
@@ -109,77 +197,14 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   issue_qk(ss, 0, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
+  bool rescale = softmax_to_probs(ss, s, 0, 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const int stage = pair % NUM_STAGES;
-    const uint32_t phase = (pair / NUM_STAGES) & 1;
+    const int buf = pair % 2;
+    const bool has_next = pair + 1 < n_pairs;
 
-    // Logits (log2 units) of this block; invalid slots are -inf.
-    const uint64_t valid = ss.valid[stage][wg] >> (2 * c);
-    float mloc[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool v = (valid >> (8 * j + e)) & 1u;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& x = s[4 * j + 2 * h + e];
-          x = v ? x * scale_log2 : -INFINITY;
-          mloc[h] = fmaxf(mloc[h], x);
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
-      mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
-      if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
-    }
-    named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
-
-    // Both consumers derive the same reference and alpha from the same two maxima.
-    bool rescale = false;
-    float base[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mx = fmaxf(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
-      st.row_max[h] = fmaxf(st.row_max[h], mx);
-      alpha[h] = 1.f;
-      if (mx > st.reference[h] + REFERENCE_SLACK) {  // false while mx is -inf
-        alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
-        rescale = rescale || st.reference[h] != -INFINITY;
-        st.reference[h] = mx;
-      }
-      base[h] = st.reference[h] == -INFINITY ? 0.f : st.reference[h];
-    }
-    uint8_t* probs = ss.probs[wg];
-    float psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int grp = 0; grp < 4; ++grp) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float p0 = ex2(s[8 * grp + 2 * h] - base[h]);
-        const float p1 = ex2(s[8 * grp + 2 * h + 1] - base[h]);
-        const float p2 = ex2(s[8 * grp + 4 + 2 * h] - base[h]);
-        const float p3 = ex2(s[8 * grp + 4 + 2 * h + 1] - base[h]);
-        psum[h] += (p0 + p1) + (p2 + p3);
-        const uint32_t packed = to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16);
-        *reinterpret_cast<uint32_t*>(probs + probs_row_offset + 8 * h * 64 + ((grp ^ swz) << 4)) = packed;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
-      if (c == 0) ss.alpha[wg][16 * warp + g + 8 * h] = alpha[h];
-    }
-    cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
-    const bool any_rescale = named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
-
-    // The other block's rows were waited for by the other consumer; wait too (it has completed),
-    // so that this thread's ldmatrix reads are ordered after the copies.
-    mbarrier_wait(&ss.kv_full[stage][1 - wg], phase);
-    if (any_rescale) {
+    if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float2 a = *reinterpret_cast<const float2*>(&ss.alpha[wg][8 * j + 2 * c]);
@@ -192,36 +217,33 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
         }
       }
     }
-
-    // O^T += V^T . P^T over both blocks: 2 commit groups, so that block 0's A registers are free (and
-    // the next Q.K^T issued) while block 1's products still run.
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
+    // The other block's rows were waited for by the other consumer; wait too (it has completed), so
+    // that this thread's ldmatrix reads are ordered after the copies.
+    mbarrier_wait(&ss.kv_full[stage][1 - wg], (pair / NUM_STAGES) & 1);
+    {
       uint32_t a[2][4][4];
-      load_v_fragments(smem_addr(ss.kv[stage][b]), v_lane_offset, a);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
-      cute::warpgroup_arrive();
-      uint64_t dp = desc_sw64(smem_addr(ss.probs[b]));
-      asm volatile("" : "+l"(dp));  // computed here, not hoisted out of the loop into registers
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(st.o[i], a[ks][i], dp + ((ks * 32) >> 4));
+      load_v_fragments(smem_addr(ss.kv[stage][0]), v_lane_offset, a);
+      // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
+      if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
+      issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
+      if (has_next) {
+        const int next_stage = (pair + 1) % NUM_STAGES;
+        mbarrier_wait(&ss.kv_full[next_stage][wg], ((pair + 1) / NUM_STAGES) & 1);
+        issue_qk(ss, next_stage, wg, s);
       }
-      cute::warpgroup_commit_batch();
-      if (b == 0) cute::warpgroup_wait<0>();
+      cute::warpgroup_wait<0>();
+      fence_operands(s);
     }
-    if (pair + 1 < n_pairs) {
-      const int next_stage = (pair + 1) % NUM_STAGES;
-      mbarrier_wait(&ss.kv_full[next_stage][wg], ((pair + 1) / NUM_STAGES) & 1);
-      issue_qk(ss, next_stage, wg, s);
+    {
+      uint32_t a[2][4][4];
+      load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
+      if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
+      issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
+      if (has_next) rescale = softmax_to_probs(ss, s, (pair + 1) % NUM_STAGES, buf ^ 1, scale_log2, st);
+      cute::warpgroup_wait<0>();
     }
-    cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
-    fence_operands(s);
-    if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage]);  // this warp's reads of the stage are done
   }
 }
 

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
       ClusterBarrier::init(&ss.kv_full[stage][0], KV_FULL_ARRIVALS);
       ClusterBarrier::init(&ss.kv_full[stage][1], KV_FULL_ARRIVALS);
-      ClusterBarrier::init(&ss.kv_empty[stage], KV_EMPTY_ARRIVALS);
+      ClusterBarrier::init(&ss.kv_empty[stage][0], KV_EMPTY_ARRIVALS);
+      ClusterBarrier::init(&ss.kv_empty[stage][1], KV_EMPTY_ARRIVALS);
     }
   }
   __syncthreads();

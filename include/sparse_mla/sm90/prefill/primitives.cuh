@@ -1,7 +1,7 @@
 // The Hopper primitives the prefill kernel uses. CUTLASS/CuTe provides the wgmma atoms, the warpgroup
 // fences, setmaxnreg and the mbarrier operations; this file adds what they lack: a compiler memory
 // fence after mbarrier waits (CUTLASS's wait asm has no "memory" clobber, so plain shared loads could
-// be hoisted above it), ldmatrix.trans, the 16-byte zero-filling cp.async with an L2 prefetch hint,
+// be hoisted above it), ldmatrix.trans, 32-bit-address shared stores, the 16-byte zero-filling cp.async with an L2 prefetch hint,
 // named barriers with an OR reduction, and the 64-byte-swizzle wgmma descriptor.
 #pragma once
 
@@ -57,6 +57,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&x)[4
                : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
                : "r"(addr)
                : "memory");
+}
+
+// A 4-byte shared store through a 32-bit shared address (a generic pointer would take 2 registers).
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {

@@ -63,10 +63,9 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
 #pragma unroll
       for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
     }
-    if (pair >= NUM_STAGES) mbarrier_wait(&ss.kv_empty[stage], ((pair / NUM_STAGES) - 1) & 1);
-
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
+      if (pair >= NUM_STAGES) mbarrier_wait(&ss.kv_empty[stage][b], ((pair / NUM_STAGES) - 1) & 1);
       const uint32_t tile = smem_addr(ss.kv[stage][b]);
       bool valid[2];
 #pragma unroll

@@ -6,7 +6,7 @@
 //                         owns output columns [256w, 256w + 256) of both blocks' P.V.
 //   WG2 (producer)        loads Q once, then gathers the KV rows of each pair into a stage.
 // The producer runs NUM_STAGES pairs ahead of the consumers at most; stages are handed over with
-// mbarriers (kv_full: rows landed; kv_empty: both consumers finished reading them).
+// mbarriers per block (kv_full: rows landed; kv_empty: both consumers finished reading them).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +49,10 @@ struct SharedStorage {
   alignas(1024) uint8_t q[TILE_BYTES];                   // this CTA's 64 heads of q (zero past h_q)
   alignas(1024) uint8_t kv[NUM_STAGES][2][TILE_BYTES];   // gathered rows [stage][block of the pair];
                                                          // zero rows for invalid slots (never read)
-  alignas(1024) uint8_t probs[2][B_H * B_TOPK];          // e4m3 P of the current pair's blocks: rows are
-                                                         // heads, columns slots in probs_slot() order
+  alignas(1024) uint8_t probs[2][2][B_H * B_TOPK];       // e4m3 P [pair % 2][block]: rows are heads,
+                                                         // columns slots in the P.V K order (consumer.cuh);
+                                                         // double-buffered: P of pair p + 1 is written
+                                                         // while P.V of pair p still reads pair p's
   uint64_t valid[NUM_STAGES][2];                         // bit r: row r of kv[stage][block] is a valid slot
   float row_max[2][B_H];    // consumer w's block row maxima (log2 units), exchanged every pair
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
@@ -58,7 +60,8 @@ struct SharedStorage {
   float out_scale[B_H];     // epilogue: per-head output scale
   uint64_t q_full;                       // Q landed (128 producer arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
-  uint64_t kv_empty[NUM_STAGES];         // both consumers are done with the stage (8 warp arrivals)
+  uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
+                                         // and finished their Q.K^T on it (8 warp arrivals)
 };
 
 // Arrivals that complete kv_full: one cp.async-tracking arrival per producer thread, and one plain
