@@ -123,11 +123,12 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
     detail::check_contiguous(*topk_length, "topk_length");
   }
-  // One CTA per (query token, 64-head block), on a one-dimensional grid.
-  const int64_t ctas = s_q * ((h_q + 63) / 64);
-  if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || h_q > INT32_MAX || ctas > INT32_MAX) {
+  // The kernel counts work items (query token, 64-head block) in int, with room for its CTA stride.
+  constexpr int64_t kMaxItems = INT32_MAX - (1 << 20);
+  const int64_t items = s_q * ((h_q + 63) / 64);
+  if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || h_q > INT32_MAX || items > kMaxItems) {
     TVM_FFI_THROW(ValueError) << "shape out of the supported domain: s_q " << s_q << ", h_q " << h_q
-                              << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << INT32_MAX << ")";
+                              << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << kMaxItems << ")";
   }
   detail::check_aligned_rows(q, "q");
   detail::check_aligned_rows(kv, "kv");

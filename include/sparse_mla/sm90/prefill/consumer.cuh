@@ -167,9 +167,11 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
 }
 
+// One work item's pairs. `pair_base` counts the pairs of the CTA's earlier items (it sets stages and
+// mbarrier phases), `item_count` the items (the phase of q_full).
 template <int D_QK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
-                                                      ConsumerState& st) {
+                                                      int pair_base, int item_count, ConsumerState& st) {
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
@@ -186,23 +188,31 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     st.row_max[h] = -INFINITY;
     st.row_sum[h] = 0.f;
   }
-  if (n_pairs == 0) return;
+  mbarrier_wait(&ss.q_full, item_count & 1);
+  if (n_pairs == 0) {
+    if (lane == 0) ClusterBarrier::arrive(&ss.q_empty);
+    return;
+  }
 
   // This thread's ldmatrix row (slot 32ks + lane) and 16-byte chunk (16wg + 4i + warp) of a KV tile.
   const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ ((lane >> 1) & 3)) << 4));
 
   float s[32];
-  mbarrier_wait(&ss.q_full, 0);
-  mbarrier_wait(&ss.kv_full[0][wg], 0);
-  issue_qk(ss, 0, wg, s);
+  mbarrier_wait(&ss.kv_full[pair_base % NUM_STAGES][wg], (pair_base / NUM_STAGES) & 1);
+  issue_qk(ss, pair_base % NUM_STAGES, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs(ss, s, 0, 0, scale_log2, st);
+  bool rescale = softmax_to_probs(ss, s, pair_base % NUM_STAGES, 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
-    const int stage = pair % NUM_STAGES;
+    const int gp = pair_base + pair;
+    const int stage = gp % NUM_STAGES;
+    const uint32_t phase = (gp / NUM_STAGES) & 1;
     const int buf = pair % 2;
     const bool has_next = pair + 1 < n_pairs;
+    // The item's last Q.K^T completed in the previous iteration (or before the loop): Q may be
+    // replaced by the next item's.
+    if (!has_next && lane == 0) ClusterBarrier::arrive(&ss.q_empty);
 
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
@@ -219,7 +229,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
-    mbarrier_wait(&ss.kv_full[stage][1 - wg], (pair / NUM_STAGES) & 1);
+    mbarrier_wait(&ss.kv_full[stage][1 - wg], phase);
     {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage][0]), v_lane_offset, a);
@@ -227,9 +237,8 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
       issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
       if (has_next) {
-        const int next_stage = (pair + 1) % NUM_STAGES;
-        mbarrier_wait(&ss.kv_full[next_stage][wg], ((pair + 1) / NUM_STAGES) & 1);
-        issue_qk(ss, next_stage, wg, s);
+        mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
+        issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
       }
       cute::warpgroup_wait<0>();
       fence_operands(s);
@@ -239,7 +248,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
       if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
-      if (has_next) rescale = softmax_to_probs(ss, s, (pair + 1) % NUM_STAGES, buf ^ 1, scale_log2, st);
+      if (has_next) rescale = softmax_to_probs(ss, s, (gp + 1) % NUM_STAGES, buf ^ 1, scale_log2, st);
       cute::warpgroup_wait<0>();
     }
 #pragma unroll

@@ -20,8 +20,7 @@
 
 namespace sparse_mla::sm90::prefill {
 
-// Grid: one CTA per (query token, head block), the head blocks of a token adjacent in launch order
-// (they gather the same rows: the second finds them in L2).
+// Grid: one CTA per SM at most; each CTA walks its work items (traits.cuh, WorkItem).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -32,35 +31,37 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
 
   const int head_blocks = (params.h_q + B_H - 1) / B_H;
-  const int q_row = static_cast<int>(blockIdx.x / head_blocks);
-  const int head_begin = static_cast<int>(blockIdx.x % head_blocks) * B_H;
-  const int num_heads = min(B_H, params.h_q - head_begin);
-  int n_slots = TOPK;
-  if (params.topk_length != nullptr) n_slots = min(max(params.topk_length[q_row], 0), TOPK);
-  const int n_pairs = (n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  const int n_items = params.s_q * head_blocks;  // the launch checks that this fits an int
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, 128);
+    ClusterBarrier::init(&ss.q_empty, NUM_CONSUMER_THREADS / 32);
 #pragma unroll
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
-      ClusterBarrier::init(&ss.kv_full[stage][0], KV_FULL_ARRIVALS);
-      ClusterBarrier::init(&ss.kv_full[stage][1], KV_FULL_ARRIVALS);
-      ClusterBarrier::init(&ss.kv_empty[stage][0], KV_EMPTY_ARRIVALS);
-      ClusterBarrier::init(&ss.kv_empty[stage][1], KV_EMPTY_ARRIVALS);
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        ClusterBarrier::init(&ss.kv_full[stage][b], KV_FULL_ARRIVALS);
+        ClusterBarrier::init(&ss.kv_empty[stage][b], KV_EMPTY_ARRIVALS);
+      }
     }
   }
   __syncthreads();
 
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
-    run_producer<D_QK, TOPK>(params, ss, q_row, head_begin, num_heads, n_slots, n_pairs);
+    run_producer<D_QK, TOPK>(params, ss, head_blocks, n_items);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = static_cast<float>(static_cast<double>(params.sm_scale) * static_cast<double>(*params.q_scale) *
                                                 static_cast<double>(*params.kv_scale) * 1.4426950408889634);
-    ConsumerState st;
-    run_consumer_mainloop<D_QK>(ss, scale_log2, n_pairs, st);
-    store_outputs<D_QK>(params, ss, st, q_row, head_begin, num_heads);
+    int pair_base = 0;
+    for (int item = blockIdx.x, item_count = 0; item < n_items; item += gridDim.x, ++item_count) {
+      const WorkItem w = work_item<TOPK>(item, head_blocks, params.h_q, params.topk_length);
+      ConsumerState st;
+      run_consumer_mainloop<D_QK>(ss, scale_log2, w.n_pairs, pair_base, item_count, st);
+      store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
+      pair_base += w.n_pairs;
+    }
   }
 #endif
 }

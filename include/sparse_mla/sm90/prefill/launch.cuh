@@ -19,8 +19,12 @@ cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
   auto kernel = prefill::prefill_kernel<D_QK, TOPK>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
-  const int head_blocks = (params.h_q + prefill::B_H - 1) / prefill::B_H;
-  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(params.s_q) * head_blocks));
+  // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.
+  int device = 0, sms = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  const int64_t items = static_cast<int64_t>(params.s_q) * ((params.h_q + prefill::B_H - 1) / prefill::B_H);
+  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
   kernel<<<grid, prefill::NUM_THREADS, smem_bytes, stream>>>(params);
   return cudaGetLastError();
 }

@@ -1,5 +1,5 @@
-// The producer warpgroup: loads this CTA's Q tile once, then gathers the KV rows of every pair of
-// blocks into a stage, NUM_STAGES pairs ahead of the consumers at most.
+// The producer warpgroup: for each work item of the CTA, loads its Q tile, then gathers the KV rows
+// of every pair of blocks into a stage, NUM_STAGES pairs ahead of the consumers at most.
 //
 // Each of the 128 threads moves rows r and r + 32 of a 64-row tile (r = thread / 4), 16-byte chunks
 // 4i + thread % 4 of each: four neighbouring threads read 64 contiguous bytes of a row. Invalid slots
@@ -17,8 +17,8 @@
 namespace sparse_mla::sm90::prefill {
 
 template <int D_QK, int TOPK>
-__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int q_row,
-                                             int head_begin, int num_heads, int n_slots, int n_pairs) {
+__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+                                             int n_items) {
   constexpr int ROW_CHUNKS = D_QK / 64;  // 16-byte chunks of a row moved by one thread
   constexpr int BLOCK_STRIDE = B_TOPK * 64;  // bytes between 64-byte column blocks of a tile
   const int t = threadIdx.x - NUM_CONSUMER_THREADS;
@@ -29,68 +29,77 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
 #pragma unroll
   for (int k = 0; k < 2; ++k) dst_offset[k] = swizzled_offset(rows[k], chunk, B_TOPK);
 
-  // Q: rows past h_q are zero.
-  {
-    const uint32_t q_tile = smem_addr(ss.q);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const bool valid = rows[k] < num_heads;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
-                           (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
-#pragma unroll
-      for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
-    }
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_full);
-  }
-
-  const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK;
   const uint8_t* kv = reinterpret_cast<const uint8_t*>(params.kv);
   const int s_kv = params.s_kv;
-  auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
-
-  int32_t index[2][2];  // [block of the pair][row k]
-#pragma unroll
-  for (int b = 0; b < 2; ++b) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
-  }
-
-  for (int pair = 0; pair < n_pairs; ++pair) {
-    const int stage = pair % NUM_STAGES;
-    int32_t next[2][2];
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
-    }
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      if (pair >= NUM_STAGES) mbarrier_wait(&ss.kv_empty[stage][b], ((pair / NUM_STAGES) - 1) & 1);
-      const uint32_t tile = smem_addr(ss.kv[stage][b]);
-      bool valid[2];
+  int pair_base = 0;  // pairs of earlier items: stages and phases continue across items
+  for (int item = blockIdx.x, item_count = 0; item < n_items; item += gridDim.x, ++item_count) {
+    const WorkItem w = work_item<TOPK>(item, head_blocks, params.h_q, params.topk_length);
+    const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
+    const int n_slots = w.n_slots, n_pairs = w.n_pairs;
+    // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous item is done.
+    {
+      if (item_count > 0) mbarrier_wait(&ss.q_empty, (item_count - 1) & 1);
+      const uint32_t q_tile = smem_addr(ss.q);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
-        const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
+        const bool valid = rows[k] < num_heads;
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
+                             (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
 #pragma unroll
-        for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
+        for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
       }
-      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.kv_full[stage][b]);
-      // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
-      const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
-      const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
-      if (lane == 0) {
-        uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage][b]);
-        bytes[warp] = static_cast<uint8_t>(low);
-        bytes[4 + warp] = static_cast<uint8_t>(high);
-        ClusterBarrier::arrive(&ss.kv_full[stage][b]);  // release: the valid bits above are visible
-      }
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_full);
     }
+
+    const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK;
+    auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
+
+    int32_t index[2][2];  // [block of the pair][row k]
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
+      for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
     }
+
+    for (int pair = 0; pair < n_pairs; ++pair) {
+      const int gp = pair_base + pair;  // pairs gathered by this CTA before: stage and phase
+      const int stage = gp % NUM_STAGES;
+      int32_t next[2][2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
+      }
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (gp >= NUM_STAGES) mbarrier_wait(&ss.kv_empty[stage][b], ((gp / NUM_STAGES) - 1) & 1);
+        const uint32_t tile = smem_addr(ss.kv[stage][b]);
+        bool valid[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
+          const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
+#pragma unroll
+          for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
+        }
+        cutlass::arch::cpasync_barrier_arrive_noinc(&ss.kv_full[stage][b]);
+        // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
+        const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
+        const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
+        if (lane == 0) {
+          uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage][b]);
+          bytes[warp] = static_cast<uint8_t>(low);
+          bytes[4 + warp] = static_cast<uint8_t>(high);
+          ClusterBarrier::arrive(&ss.kv_full[stage][b]);  // release: the valid bits above are visible
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
+      }
+    }
+    pair_base += n_pairs;
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // stay resident until this thread's copies land
 }

@@ -58,7 +58,8 @@ struct SharedStorage {
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
-  uint64_t q_full;                       // Q landed (128 producer arrivals)
+  uint64_t q_full;                       // Q of the CTA's current work item landed (128 producer arrivals)
+  uint64_t q_empty;                      // the consumers' last Q.K^T of the work item is done (8 warp arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (8 warp arrivals)
@@ -68,6 +69,30 @@ struct SharedStorage {
 // arrival per producer warp after it wrote its valid bits.
 constexpr int KV_FULL_ARRIVALS = 128 + 4;
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS / 32;
+
+// One work item: a query token and a block of up to B_H of its heads. A CTA processes the items
+// blockIdx.x, blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next item's Q
+// and first blocks while the consumers finish the current one (no CTA launch or pipeline fill
+// between items). Both head blocks of a token are neighbouring items: they run at the same time on
+// neighbouring CTAs and gather the same rows, the second from L2.
+struct WorkItem {
+  int q_row;
+  int head_begin;
+  int num_heads;  // heads of this block that exist (the tile's other rows are zero and not stored)
+  int n_slots;    // slots of the row that can be valid: min(topk_length, topk) or topk
+  int n_pairs;    // pairs of B_TOPK-row blocks covering n_slots
+};
+
+template <int TOPK>
+__device__ __forceinline__ WorkItem work_item(int item, int head_blocks, int h_q, const int32_t* topk_length) {
+  WorkItem w;
+  w.q_row = item / head_blocks;
+  w.head_begin = (item % head_blocks) * B_H;
+  w.num_heads = min(B_H, h_q - w.head_begin);
+  w.n_slots = topk_length == nullptr ? TOPK : min(max(__ldg(topk_length + w.q_row), 0), TOPK);
+  w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  return w;
+}
 
 template <int D_QK>
 constexpr int shared_storage_bytes() {
