@@ -1,4 +1,4 @@
-"""Kernel keys, the generated source and the digest that names a cache entry (SPEC §6)."""
+"""Kernel keys, the generated source and the digest that names a cache entry."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_digest_is_stable_and_distinct_per_key(tmp_path, monkeypatch):
 def test_a_header_edit_changes_the_digest(tmp_path, monkeypatch):
     include = _copy_headers(tmp_path, monkeypatch)
     before = build_module.build_spec(KernelKey(576, 2048)).digest
-    kernel = next((include / "sparse_mla" / "sm90").glob("*.cuh"))
+    kernel = next((include / "sparse_mla" / "sm90").rglob("*.cuh"))
     kernel.write_text(kernel.read_text() + "\n// an edit\n")
     assert build_module.build_spec(KernelKey(576, 2048)).digest != before
 

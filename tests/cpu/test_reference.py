@@ -30,7 +30,7 @@ def cpu_inputs(**options) -> dict:
 
 
 def naive_prefill(q, kv, indices, sm_scale, q_scale, kv_scale, d_v=512, attn_sink=None, topk_length=None):
-    """SPEC §3 read literally: one (i, h) at a time, float64, Python control flow for validity."""
+    """The semantics read literally: one (i, h) at a time, float64, Python control flow for validity."""
     s_q, h_q, _ = q.shape
     s_kv, topk = kv.shape[0], indices.shape[-1]
     queries = (q.float() * q_scale).double()
@@ -413,3 +413,23 @@ def test_assert_close_to_reference_rejects(corrupt, message):
     corrupt(result)
     with pytest.raises(AssertionError, match=message):
         assert_close_to_reference(*result, ref, context="seed=27")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(s_q=0, s_kv=10, h_q=3, topk=4),
+        dict(s_q=6, s_kv=5, h_q=2, topk=8),  # topk > s_kv: -1 padding
+        dict(s_q=12, s_kv=40, h_q=4, topk=8, invalid="hostile", all_invalid_rows=4, attn_sink="special"),
+        dict(s_q=16, s_kv=64, h_q=8, topk=10, invalid="hostile", duplicates=True, all_invalid_rows=3,
+             nan_kv_rows=True, topk_length="random", attn_sink="special", q_strided=True, kv_strided=True),
+        dict(s_q=1, s_kv=3, h_q=1, topk=1),
+    ],
+    ids=["empty", "topk_over_s_kv", "hostile_special_sinks", "everything", "one_slot"],
+)
+def test_assert_close_to_reference_with_inputs_accepts_the_reference_in_bf16(options):
+    """The per-(row, head) rule on every corner of the domain: the reference itself, rounded to bf16,
+    passes (empty rows, infinite sinks, NaN rows behind invalid slots, no query rows at all)."""
+    inputs = cpu_inputs(seed=34, **options)
+    ref = reference_prefill(**inputs)
+    assert_close_to_reference(ref[0].bfloat16(), ref[1].clone(), ref[2].clone(), ref, inputs=inputs)

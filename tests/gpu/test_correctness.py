@@ -1,8 +1,12 @@
-"""GPU tier: sparse_mla_q8kv8_prefill_fwd against reference_prefill on every corner of SPEC §3-§4.
+"""GPU tier: sparse_mla_q8kv8_prefill_fwd against reference_prefill on every corner of the semantics
+and the domain (head counts, topk, invalid and hostile indices, topk_length, sinks, strides).
 
 Each test draws fresh inputs (the seed is in every failure message), runs the kernel into NaN-poisoned
-preallocated outputs and into library-allocated ones, and applies the SPEC §8 rule: out within 2.5e-2,
-lse 1e-4, max_logits 1e-3 (relative, norm-wise), special values exact, no NaN.
+preallocated outputs and into library-allocated ones, and applies the acceptance rule: every
+(row, head) of out within its own limit, lse and max_logits within their row's logit bound, out
+norm-wise within the contract's tolerance on the benchmark distribution (1.85e-2 at d_qk 576 /
+topk 2048, 2.3e-2 at 512 / 512, with lse 1e-4 and max_logits 1e-3 relative) and within 10% of the
+e4m3-P floor elsewhere; special values exact, no NaN.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_mla.testing import INT32_MAX, INT32_MIN, make_inputs, poisoned_outputs
+from sparse_mla.testing import INT32_MAX, INT32_MIN, OUT_TOL, make_inputs, poisoned_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +49,8 @@ def test_head_counts(check_prefill, seed, h_q, d_qk):
 )
 def test_shapes(check_prefill, seed, s_q, s_kv, h_q, d_qk, topk):
     shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk)
-    check_prefill(make_inputs(**shape, seed=seed), describe(seed, **shape))
+    benchmark = (d_qk, topk) in OUT_TOL and topk <= s_kv  # the contract's distribution and shapes
+    check_prefill(make_inputs(**shape, seed=seed), describe(seed, **shape), benchmark=benchmark)
 
 
 @pytest.mark.parametrize("h_q", [1, 8])
@@ -71,7 +76,7 @@ def test_empty_s_q(prefill_fwd, seed, h_q):
 def test_strided_q_and_kv(check_prefill, seed, q_strided, kv_strided, d_qk, topk):
     shape = dict(s_q=64, s_kv=8192, h_q=100, d_qk=d_qk, topk=topk)
     inputs = make_inputs(**shape, seed=seed, q_strided=q_strided, kv_strided=kv_strided)
-    check_prefill(inputs, describe(seed, q_strided=q_strided, kv_strided=kv_strided, **shape))
+    check_prefill(inputs, describe(seed, q_strided=q_strided, kv_strided=kv_strided, **shape), benchmark=True)
 
 
 @pytest.mark.parametrize("attn_sink", [None, "random"])

@@ -1,6 +1,12 @@
-"""Hostile input on the GPU (issue 3 items 4 and 6): compute-sanitizer finds no invalid access, race
-or barrier misuse under hostile indices; extreme values give finite outputs where the math is finite
-and the SPEC values where it is not."""
+"""Hostile input on the GPU: compute-sanitizer finds no invalid access, race or barrier misuse under
+hostile indices, on small shapes and on the whole pipeline (topk 2048, two head blocks); extreme
+values give finite outputs where the math is finite and the specified values (empty rows, infinite
+sinks) where it is not.
+
+Extreme inputs are not the benchmark distribution: there the logit bound is large (logits of hundreds
+or more, each allowed 2^-9 of sum |Q K|), lse and max_logits are held to that bound, and out is
+compared on the (row, head) pairs whose attention is not a near-tie between two KV rows (where the
+bound lets either win)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,17 @@ from hypothesis import strategies as st
 
 from sparse_mla.testing import FP8_E4M3_MAX, make_inputs
 
+# compute-sanitizer checks only the kernels whose name contains this (torch's own kernels are left
+# alone); test_sanitizer_coverage.py (cpu tier) checks that it names every kernel in the headers.
+SANITIZER_KERNEL_FILTER = "prefill_kernel"
+
+
+def _kernel_names() -> list[str]:
+    from sparse_mla.jit.env import header_files
+
+    pattern = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
+    return [name for path in header_files() for name in pattern.findall(path.read_text())]
+
 
 def _compute_sanitizer() -> str | None:
     found = shutil.which("compute-sanitizer")
@@ -26,21 +43,28 @@ def _compute_sanitizer() -> str | None:
     return found or (str(candidate) if candidate.is_file() else None)
 
 
+@pytest.mark.parametrize("case", ["small", "pipeline"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, seed):
+def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
+    """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
+    hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6 (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
+    kernels = _kernel_names()
+    assert kernels and all(SANITIZER_KERNEL_FILTER in name for name in kernels), (
+        f"the sanitizer would skip kernels: filter {SANITIZER_KERNEL_FILTER!r}, kernels {kernels}"
+    )
     command = [
-        sanitizer, "--tool", tool, "--error-exitcode", "86", "--kernel-name", "kns=prefill_kernel",
-        sys.executable, str(Path(__file__).with_name("sanitize_case.py")), str(seed),
+        sanitizer, "--tool", tool, "--error-exitcode", "86", "--kernel-name", f"kns={SANITIZER_KERNEL_FILTER}",
+        sys.executable, str(Path(__file__).with_name("sanitize_case.py")), str(seed), case,
     ]
     # Without the caching allocator every tensor is its own allocation, so memcheck sees any
     # access past a tensor's end instead of landing in a neighbouring cached block.
     environment = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
     report = result.stdout + result.stderr
-    assert result.returncode == 0, f"seed {seed}, {tool}:\n{report[-6000:]}"
+    assert result.returncode == 0, f"seed {seed}, {tool}, {case}:\n{report[-6000:]}"
     assert "SANITIZE-CASE-OK" in report, report[-6000:]
     # memcheck and synccheck end with an ERROR SUMMARY, racecheck with a RACECHECK SUMMARY.
     assert re.search(r"ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\)", report), report[-6000:]
@@ -61,8 +85,9 @@ def test_fp8_maximum_entries_with_logits_far_past_80(check_prefill, seed, d_qk, 
     inputs["kv"] = _near_max_fp8(inputs["kv"].shape, generator)
     inputs["q_scale"] = torch.ones(1, device="cuda")
     inputs["kv_scale"] = torch.ones(1, device="cuda")
-    inputs["sm_scale"] = 2e-5  # logits of a few hundred
-    out, max_logits, lse = check_prefill(inputs, f"seed {seed}: e4m3-maximum entries, d_qk {d_qk}, topk {topk}")
+    inputs["sm_scale"] = 2e-5  # logits of a few hundred, each allowed an error of about 2.7
+    out, max_logits, lse = check_prefill(inputs, f"seed {seed}: e4m3-maximum entries, d_qk {d_qk}, topk {topk}",
+                                         skip_near_ties=True)
     finite = torch.isfinite(max_logits)
     assert max_logits[finite].abs().max() > 80, "the case did not reach logits past 80"
 
@@ -71,7 +96,7 @@ def test_fp8_maximum_entries_with_logits_far_past_80(check_prefill, seed, d_qk, 
 def test_large_and_tiny_sm_scale(check_prefill, seed, sm_scale):
     inputs = make_inputs(s_q=64, s_kv=4096, h_q=32, d_qk=576, topk=512, seed=seed, invalid="mixed", topk_length="random")
     inputs["sm_scale"] = sm_scale
-    check_prefill(inputs, f"seed {seed}: sm_scale {sm_scale}")
+    check_prefill(inputs, f"seed {seed}: sm_scale {sm_scale}", skip_near_ties=True)
 
 
 def test_scales_whose_product_is_representable_but_whose_factors_are_extreme(check_prefill, seed):
@@ -81,7 +106,7 @@ def test_scales_whose_product_is_representable_but_whose_factors_are_extreme(che
     inputs["q_scale"] = inputs["q_scale"] * 1e-30
     inputs["kv_scale"] = inputs["kv_scale"] * 1e30
     inputs["sm_scale"] = 1e8
-    check_prefill(inputs, f"seed {seed}: extreme scale factors")
+    check_prefill(inputs, f"seed {seed}: extreme scale factors", skip_near_ties=True)
 
 
 @pytest.mark.parametrize("sink", [float("inf"), -float("inf"), 1e30, -1e30])
@@ -95,7 +120,7 @@ def test_uniform_special_sink(check_prefill, seed, sink):
 
 def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
     """A module called directly (bypassing Python validation) refuses tensors it was not built for,
-    with typed errors and without launching (defence in depth, SPEC §5)."""
+    with typed errors and without launching (defence in depth)."""
     from sparse_mla.jit import KernelKey, get_module
 
     module = get_module(KernelKey(576, 64))
@@ -165,7 +190,7 @@ _PREBUILT_TOPK = {576: (1, 7, 64, 100, 512, 2048), 512: (64, 512)}
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_random_valid_calls_match_the_reference(data):
+def test_random_valid_calls_match_the_reference(accept, data):
     """Property-based (issue 3 item 5) on the GPU: random shapes, head counts, strides, optional
     arguments and preallocation give outputs that match the reference."""
     d_qk = data.draw(st.sampled_from([576, 512]))
@@ -186,8 +211,8 @@ def test_random_valid_calls_match_the_reference(data):
     inputs = make_inputs(**shape, seed=seed, **options)
     context = f"seed {seed}, {shape}, {options}"
     from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-    from sparse_mla.testing import assert_close_to_reference, poisoned_outputs, reference_prefill
+    from sparse_mla.testing import poisoned_outputs
 
     buffers = poisoned_outputs(shape["s_q"], shape["h_q"], device="cuda") if data.draw(st.booleans()) else {}
     result = sparse_mla_q8kv8_prefill_fwd(**inputs, **buffers)
-    assert_close_to_reference(*result, reference_prefill(**inputs), context=context)
+    accept(result, inputs, context)

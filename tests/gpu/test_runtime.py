@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sparse_mla.testing import assert_close_to_reference, make_inputs, poisoned_outputs, reference_prefill
+from sparse_mla.testing import error_model, make_inputs, poisoned_outputs, reference_prefill
 
 pytestmark = pytest.mark.gpu
 
@@ -25,12 +25,12 @@ def poison(tensors) -> None:
         tensor.fill_(math.nan)
 
 
-def test_runs_on_the_callers_stream(prefill_fwd, seed):
+def test_runs_on_the_callers_stream(prefill_fwd, accept, seed):
     """Queued behind a sleep on a side stream, the kernel must not have run yet when the default
     stream looks at its outputs; after a sync the results must be right."""
     shape = dict(s_q=256, s_kv=4096, h_q=64, d_qk=576, topk=64)
     inputs = make_inputs(**shape, seed=seed, topk_length="random", attn_sink="random")
-    ref = reference_prefill(**inputs)
+    ref, model = reference_prefill(**inputs), error_model(**inputs)
     prefill_fwd(**inputs)  # compile and load before the timing-sensitive part
     buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512)
     torch.cuda.synchronize()
@@ -45,12 +45,12 @@ def test_runs_on_the_callers_stream(prefill_fwd, seed):
 
     context = describe(seed, **shape)
     assert bool(lse_meanwhile.isnan().all()), f"{context}: the kernel did not run on the current stream"
-    assert_close_to_reference(*preallocated, ref, context=f"{context}, side stream, preallocated outputs")
-    assert_close_to_reference(*allocated, ref, context=f"{context}, side stream, library-allocated outputs")
+    accept(preallocated, inputs, f"{context}, side stream, preallocated outputs", ref=ref, model=model)
+    accept(allocated, inputs, f"{context}, side stream, library-allocated outputs", ref=ref, model=model)
 
 
 @pytest.mark.parametrize("preallocate", [True, False])
-def test_cuda_graph_capture_and_replay(prefill_fwd, seed, preallocate):
+def test_cuda_graph_capture_and_replay(prefill_fwd, accept, seed, preallocate):
     """Capture once, then replay with new values in every captured input (scales included)."""
     shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
     options = dict(invalid="hostile", topk_length="random", attn_sink="random")
@@ -75,14 +75,12 @@ def test_cuda_graph_capture_and_replay(prefill_fwd, seed, preallocate):
             static[name].copy_(fresh[name])
         poison(captured)
         graph.replay()
-        assert_close_to_reference(
-            *captured, reference_prefill(**fresh), context=describe(replay_seed, replay=replay, **shape)
-        )
+        accept(captured, fresh, describe(replay_seed, replay=replay, **shape))
 
 
 @pytest.mark.parametrize("preallocate", [True, False])
 @pytest.mark.parametrize("fullgraph", [True, False])
-def test_torch_compile(prefill_fwd, seed, fullgraph, preallocate):
+def test_torch_compile(prefill_fwd, accept, seed, fullgraph, preallocate):
     shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
     torch.compiler.reset()
 
@@ -96,9 +94,33 @@ def test_torch_compile(prefill_fwd, seed, fullgraph, preallocate):
         buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512) if preallocate else {}
         result = compiled(inputs, buffers)
         context = describe(call_seed, fullgraph=fullgraph, preallocate=preallocate, call=call, **shape)
-        assert_close_to_reference(*result, reference_prefill(**inputs), context=context)
+        ref, model = reference_prefill(**inputs), error_model(**inputs)
+        accept(result, inputs, context, ref=ref, model=model)
         if preallocate:
-            assert_close_to_reference(*buffers.values(), reference_prefill(**inputs), context=context)
+            accept(tuple(buffers.values()), inputs, context, ref=ref, model=model)
+
+
+LAUNCHES = 20
+
+
+def _launch_repeatedly(prefill_fwd, inputs: dict, launches: int = LAUNCHES) -> list[dict]:
+    """``launches`` back-to-back calls into as many NaN-poisoned output sets, then one sync."""
+    s_q, h_q, _ = inputs["q"].shape
+    prefill_fwd(**inputs)  # compile and load, so the launches below run back to back
+    outputs = [poisoned_outputs(s_q, h_q, 512) for _ in range(launches)]
+    torch.cuda.synchronize()
+    for buffers in outputs:
+        prefill_fwd(**inputs, **buffers)
+    torch.cuda.synchronize()
+    return outputs
+
+
+def _assert_bitwise_identical(outputs: list[dict], context: str) -> None:
+    first = list(outputs[0].values())
+    for launch, buffers in enumerate(outputs[1:], start=1):
+        for name, got, want in zip(buffers, buffers.values(), first):
+            differing = int((_bits(got) != _bits(want)).sum())
+            assert differing == 0, f"{context}: launch {launch} differs from launch 0 in {differing} {name} elements"
 
 
 @pytest.mark.parametrize(
@@ -109,23 +131,27 @@ def test_torch_compile(prefill_fwd, seed, fullgraph, preallocate):
     ],
     ids=["576x2048_h128", "512x512_h64"],
 )
-def test_repeated_launches_are_bitwise_identical(prefill_fwd, seed, shape):
-    """20 back-to-back launches into 20 poisoned output sets: a race shows up as a difference."""
-    launches = 20
+def test_repeated_launches_are_bitwise_identical(prefill_fwd, accept, seed, shape):
+    """20 back-to-back launches into 20 poisoned output sets, with invalid slots, topk_length and
+    sinks: a race shows up as a difference."""
     inputs = make_inputs(**shape, seed=seed, invalid="mixed", topk_length="random", attn_sink="random")
-    prefill_fwd(**inputs)  # compile and load, so the launches below run back to back
-    outputs = [poisoned_outputs(shape["s_q"], shape["h_q"], 512) for _ in range(launches)]
-    for buffers in outputs:
-        prefill_fwd(**inputs, **buffers)
-    torch.cuda.synchronize()
-
+    outputs = _launch_repeatedly(prefill_fwd, inputs)
     context = describe(seed, **shape)
-    first = list(outputs[0].values())
-    assert_close_to_reference(*first, reference_prefill(**inputs), context=context)
-    for launch, buffers in enumerate(outputs[1:], start=1):
-        for name, got, want in zip(buffers, buffers.values(), first):
-            differing = int((_bits(got) != _bits(want)).sum())
-            assert differing == 0, f"{context}: launch {launch} differs from launch 0 in {differing} {name} elements"
+    accept(tuple(outputs[0].values()), inputs, context)
+    _assert_bitwise_identical(outputs, context)
+
+
+def test_repeated_launches_at_full_size_are_bitwise_identical(prefill_fwd, accept, seed):
+    """The benchmark's anchor shape (s_q 4096, h_q 128, d_qk 576, topk 2048: thousands of CTAs, every
+    SM busy for many waves), 20 launches back to back: out, lse and max_logits bitwise identical, and
+    the first one right by the contract's rule (1.85e-2 norm-wise, every (row, head), lse 1e-4 and
+    max_logits 1e-3 relative)."""
+    shape = dict(s_q=4096, s_kv=32768, h_q=128, d_qk=576, topk=2048)
+    inputs = make_inputs(**shape, seed=seed)
+    outputs = _launch_repeatedly(prefill_fwd, inputs)
+    context = describe(seed, **shape)
+    accept(tuple(outputs[0].values()), inputs, context, benchmark=True)
+    _assert_bitwise_identical(outputs, context)
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,16 @@
 """Test and benchmark helpers for sparse_mla, shipped for users' own tests too.
 
-- `reference_prefill`: SPEC §3 in torch (CPU or CUDA), the reference every test compares with;
-  `relative_error` and `assert_close_to_reference`: the SPEC §8 acceptance rule.
+- `reference_prefill`: the semantics in torch (CPU or CUDA), float32 results computed in float64, the
+  reference every test compares with; `relative_error` and `assert_close_to_reference`: the
+  acceptance rule (norm-wise and per (row, head)), with `OUT_TOL` the contract's out tolerances on the
+  benchmark distribution.
+- `error_model`, `logit_error_bound`, `out_error_limits`, `default_out_tolerance`: what an FP8 kernel
+  may get wrong on a given input (the logit bound per (row, head), the e4m3-P floor of out); and
+  `fp8_model_prefill`, a model FP8 kernel in torch that the rule is calibrated with.
 - `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain;
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
-- `median_time_ms`, `prefill_flops`: the benchmark protocol of ANCHORS.md.
+- `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
@@ -21,7 +26,15 @@ from sparse_mla.testing.inputs import (
     quantize_fp8,
     random_indices,
 )
-from sparse_mla.testing.reference import assert_close_to_reference, reference_prefill, relative_error
+from sparse_mla.testing.numerics import (
+    ErrorModel,
+    default_out_tolerance,
+    error_model,
+    fp8_model_prefill,
+    logit_error_bound,
+    out_error_limits,
+)
+from sparse_mla.testing.reference import OUT_TOL, assert_close_to_reference, reference_prefill, relative_error
 from sparse_mla.testing.timing import L2_FLUSH_BYTES, median_time_ms, prefill_flops
 
 __all__ = [
@@ -30,12 +43,19 @@ __all__ = [
     "INT32_MAX",
     "INT32_MIN",
     "L2_FLUSH_BYTES",
+    "OUT_TOL",
     "PRESETS",
+    "ErrorModel",
     "IndexOverlap",
     "assert_close_to_reference",
+    "default_out_tolerance",
+    "error_model",
+    "fp8_model_prefill",
     "index_overlap_stats",
+    "logit_error_bound",
     "make_inputs",
     "median_time_ms",
+    "out_error_limits",
     "poisoned_outputs",
     "prefill_flops",
     "quantize_fp8",

@@ -1,4 +1,4 @@
-"""Realistic indexer selections and the overlap statistics that describe them (ANCHORS.md).
+"""Realistic indexer selections and the overlap statistics that describe them.
 
 Uniform random indices (`random_indices`) share almost no rows between neighbouring query tokens; real
 indexer output does. `realistic_indices` reproduces both the retention and the union growth of real
@@ -26,7 +26,7 @@ __all__ = ["PRESETS", "IndexOverlap", "index_overlap_stats", "realistic_indices"
 HUB_BOOST = 4.0  # added to the score of hub rows: they are selected by (nearly) every query
 _CHUNK_ELEMENTS = 1 << 24  # scores materialized at once (64 MiB of float32)
 
-# Named settings for benchmarks (ANCHORS.md, "Realistic index patterns"): GLM-style selections with
+# Named settings for benchmarks (realistic index patterns): GLM-style selections with
 # retention ~0.95-0.99, DeepSeek-V4-style ones where per-query noise makes rows flicker near the cut-off.
 PRESETS = {
     "realistic-glm": {"rho": 0.999, "noise": 0.0, "hubs": 16},

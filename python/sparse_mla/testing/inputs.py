@@ -6,10 +6,10 @@
     out, max_logits, lse = sparse_mla_q8kv8_prefill_fwd(**inputs)
     ref = reference_prefill(**inputs)
 
-q and kv follow the benchmark protocol of ANCHORS.md: drawn from randn in bf16, quantized to e4m3 with
-one scale per tensor (amax / 448). Options add the corners of SPEC §3-§4 (invalid and hostile indices,
-all-invalid rows, NaN rows that only invalid slots point to, duplicates, topk_length, attn_sink, strided
-views). Nothing here imports tvm-ffi or touches CUDA until called with a CUDA device.
+q and kv follow the benchmark protocol: drawn from randn in bf16, quantized to e4m3 with one scale
+per tensor (amax / 448). Options add the corners of the semantics and the domain (invalid and hostile
+indices, all-invalid rows, NaN rows that only invalid slots point to, duplicates, topk_length,
+attn_sink, strided views). Nothing here imports tvm-ffi or touches CUDA until called with a CUDA device.
 """
 
 from __future__ import annotations

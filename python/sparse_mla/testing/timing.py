@@ -1,4 +1,4 @@
-"""GPU timing for examples and benchmarks: the ANCHORS.md protocol (L2 flushed, CUDA events, median).
+"""GPU timing for examples and benchmarks: the benchmark protocol (L2 flushed, CUDA events, median).
 
 Touches CUDA only when `median_time_ms` is called.
 """
@@ -16,7 +16,7 @@ L2_FLUSH_BYTES = 256 * 2**20  # written before every timed call: several times t
 
 
 def prefill_flops(s_q: int, h_q: int, topk: int, d_qk: int, d_v: int = 512) -> int:
-    """FLOP count of one prefill call (SPEC §9): ``2 * s_q * h_q * topk * (d_qk + d_v)``."""
+    """FLOP count of one prefill call: ``2 * s_q * h_q * topk * (d_qk + d_v)``."""
     return 2 * s_q * h_q * topk * (d_qk + d_v)
 
 
