@@ -114,10 +114,14 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   // would serialize, C7515), and a copy would not fit the register budget.
   const uint64_t valid = ss.valid[stage][wg] >> (2 * c);
   const auto is_valid = [&](int k) { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; };  // s[k]'s slot
+  // The same rounded product in both passes (no FMA contraction): P's exponent logit - reference
+  // is then never above the slack, even where the logits are so large that one rounding step of
+  // the product exceeds it (sm_scale 1e30).
+  const auto logit = [&](int k) { return __fmul_rn(s[k], scale_log2); };
   float mloc[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int k = 0; k < 32; ++k) {
-    if (is_valid(k)) mloc[(k >> 1) & 1] = fmaxf(mloc[(k >> 1) & 1], s[k] * scale_log2);
+    if (is_valid(k)) mloc[(k >> 1) & 1] = fmaxf(mloc[(k >> 1) & 1], logit(k));
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -150,7 +154,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   for (int grp = 0; grp < 4; ++grp) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const auto prob = [&](int k) { return is_valid(k) ? ex2(fmaf(s[k], scale_log2, -base[h])) : 0.f; };
+      const auto prob = [&](int k) { return is_valid(k) ? ex2(__fsub_rn(logit(k), base[h])) : 0.f; };
       const float p0 = prob(8 * grp + 2 * h), p1 = prob(8 * grp + 2 * h + 1);
       const float p2 = prob(8 * grp + 4 + 2 * h), p3 = prob(8 * grp + 4 + 2 * h + 1);
       psum[h] += (p0 + p1) + (p2 + p3);
@@ -190,7 +194,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   }
   mbarrier_wait(&ss.q_full, item_count & 1);
   if (n_pairs == 0) {
-    if (lane == 0) ClusterBarrier::arrive(&ss.q_empty);
+    ClusterBarrier::arrive(&ss.q_empty);
     return;
   }
 
@@ -212,7 +216,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     const bool has_next = pair + 1 < n_pairs;
     // The item's last Q.K^T completed in the previous iteration (or before the loop): Q may be
     // replaced by the next item's.
-    if (!has_next && lane == 0) ClusterBarrier::arrive(&ss.q_empty);
+    if (!has_next) ClusterBarrier::arrive(&ss.q_empty);
 
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
@@ -234,7 +238,8 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage][0]), v_lane_offset, a);
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
-      if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
+      // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
+      ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
       issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
       if (has_next) {
         mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
@@ -246,7 +251,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
-      if (lane == 0) ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
+      ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
       if (has_next) rescale = softmax_to_probs(ss, s, (gp + 1) % NUM_STAGES, buf ^ 1, scale_log2, st);
       cute::warpgroup_wait<0>();

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, 128);
-    ClusterBarrier::init(&ss.q_empty, NUM_CONSUMER_THREADS / 32);
+    ClusterBarrier::init(&ss.q_empty, NUM_CONSUMER_THREADS);
 #pragma unroll
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
 #pragma unroll

@@ -59,16 +59,18 @@ struct SharedStorage {
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
   uint64_t q_full;                       // Q of the CTA's current work item landed (128 producer arrivals)
-  uint64_t q_empty;                      // the consumers' last Q.K^T of the work item is done (8 warp arrivals)
+  uint64_t q_empty;                      // the consumers' last Q.K^T of the work item is done (256 arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
-                                         // and finished their Q.K^T on it (8 warp arrivals)
+                                         // and finished their Q.K^T on it (256 arrivals)
 };
 
 // Arrivals that complete kv_full: one cp.async-tracking arrival per producer thread, and one plain
 // arrival per producer warp after it wrote its valid bits.
 constexpr int KV_FULL_ARRIVALS = 128 + 4;
-constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS / 32;
+// Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
+// reads are released to the producer (an arrival by one lane would release only that lane's).
+constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 
 // One work item: a query token and a block of up to B_H of its heads. A CTA processes the items
 // blockIdx.x, blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next item's Q
