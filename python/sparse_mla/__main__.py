@@ -12,15 +12,15 @@ import concurrent.futures
 import importlib.metadata
 import itertools
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from sparse_mla import __version__
 from sparse_mla.errors import SparseMLAError
-from sparse_mla.jit import env
-from sparse_mla.jit.cache import KernelCache, scan
+from sparse_mla.jit import env, store
+from sparse_mla.jit.build import build_spec
+from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import SUPPORTED_D_QK, KernelKey
 
 _DESCRIPTION = """\
@@ -36,19 +36,32 @@ examples:
 A kernel already in the cache is reported `cached` and not compiled again. Copy the cache root to
 the GPU hosts and point them at it with SPARSE_MLA_JIT_CACHE_DIR or SPARSE_MLA_PREBUILT_DIRS."""
 
+_CLEAN_EXAMPLES = """\
+examples:
+  python -m sparse_mla clean --dry-run                 # list what would be removed
+  python -m sparse_mla clean --older-than 30           # only kernels built more than 30 days ago
+  python -m sparse_mla clean --cache-dir /shared/sparse_mla
+
+Only a root sparse_mla built into (it holds a CACHEDIR.TAG) is cleaned, and in it only entries with a
+key.json that belong to this user, each under its lock; symbolic links are never followed."""
+
 _DEFAULT_ROOT = "$SPARSE_MLA_JIT_CACHE_DIR, else jit_cache/ in a source checkout or ~/.cache/sparse_mla"
+_NO_ROOT = "no cache directory: HOME is unset and this uid has no passwd entry; pass --cache-dir DIR"
 
 
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _root(args: argparse.Namespace) -> Path:
+def _root(args: argparse.Namespace) -> Path | None:
     return Path(args.cache_dir) if args.cache_dir else env.cache_dir()
 
 
 def _prebuild(args: argparse.Namespace) -> int:
     root = _root(args)
+    if root is None:
+        print(f"error: {_NO_ROOT}", file=sys.stderr)
+        return 1
     if args.cache_dir:
         advice = "make it writable, or choose another directory"
     else:
@@ -90,7 +103,7 @@ def _prebuild(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     roots = [Path(args.cache_dir)] if args.cache_dir else env.lookup_dirs()
     for root in roots:
-        entries = scan(root) if root.is_dir() else []
+        entries = store.scan(root, build_spec) if root.is_dir() else []
         print(f"{root}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
         for entry in entries:
             seconds = f"{entry.compile_seconds:.1f} s" if entry.compile_seconds is not None else ""
@@ -100,12 +113,24 @@ def _list(args: argparse.Namespace) -> int:
 
 def _clean(args: argparse.Namespace) -> int:
     root = _root(args)
-    removed = 0
-    for arch_dir in root.glob("sm*"):
-        if arch_dir.is_dir():
-            shutil.rmtree(arch_dir)
-            removed += 1
-    print(f"removed {removed} architecture folder(s) from {root}")
+    if root is None:
+        print(f"error: {_NO_ROOT}", file=sys.stderr)
+        return 1
+    if not root.is_dir():
+        print(f"{root} does not exist: nothing to clean")
+        return 0
+    if not store.is_tagged(root):
+        print(
+            f"error: {root} holds no {store.TAG_FILE}, so sparse_mla did not build into it: nothing removed",
+            file=sys.stderr,
+        )
+        return 1
+    report = store.clean(root, older_than_days=args.older_than, dry_run=args.dry_run)
+    for entry_dir, outcome in report:
+        print(f"{outcome:<36} {entry_dir}")
+    removed = sum(outcome in ("removed", "would be removed") for _, outcome in report)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {removed} of {len(report)} entr{'y' if len(report) == 1 else 'ies'} in {root}")
     return 0
 
 
@@ -138,7 +163,8 @@ def _torch_rows() -> list[tuple[str, str]]:
 
 
 def _env(args: argparse.Namespace) -> int:
-    home = env.cuda_home()
+    home, root = env.cuda_home(), _root(args)
+    lookup = dict.fromkeys([*([root] if root else []), *env.prebuilt_dirs()])
     rows = [
         ("sparse_mla", __version__),
         ("torch", _version_of("torch")),
@@ -148,8 +174,9 @@ def _env(args: argparse.Namespace) -> int:
     ]
     rows += _torch_rows()
     rows += [
-        ("cache dir (writable)", str(_root(args))),
-        ("lookup dirs", ", ".join(str(p) for p in dict.fromkeys([_root(args), *env.prebuilt_dirs()]))),
+        ("cache dir (writable)", str(root or f"none ({_NO_ROOT})")),
+        ("lookup dirs", ", ".join(str(p) for p in lookup)),
+        ("trusted dirs", ", ".join(str(p) for p in env.trusted_dirs()) or "none"),
         ("JIT disabled", str(env.jit_disabled())),
     ]
     try:
@@ -167,6 +194,13 @@ def _jobs(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _days(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of days, at least 0, got {text}")
     return value
 
 
@@ -204,8 +238,19 @@ def _parser() -> argparse.ArgumentParser:
         help=f"compile up to N kernels at once (default: the {_cpu_count()} CPU cores this process may use), "
         "e.g. -j 1 on a host short of memory",
     )
-    commands.add_parser("list", help="show the cached kernels and whether each is ok, stale or corrupt")
-    commands.add_parser("clean", help="delete the cached kernels")
+    commands.add_parser("list", help="show the cached kernels and whether each is ok, stale, corrupt, unreadable or untrusted")
+    clean = commands.add_parser(
+        "clean",
+        help="delete the cached kernels",
+        description="Delete the kernels in a cache root.",
+        epilog=_CLEAN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    clean.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    clean.add_argument(
+        "--older-than", type=_days, metavar="DAYS",
+        help="only kernels built more than DAYS days ago (nothing evicts kernels otherwise), e.g. --older-than 30",
+    )
     commands.add_parser("env", help="show versions, GPUs, the cache roots and the SPARSE_MLA_* variables")
     for command in commands.choices.values():
         command.add_argument(

@@ -41,3 +41,14 @@ class KernelBuildError(SparseMLAError):
         self.key_name = key_name
         self.command = command
         self.log_path = log_path
+
+
+class KernelLoadError(SparseMLAError):
+    """A cache entry is intact (its key and checksum match) but its module does not load on this host,
+    e.g. for want of a library it links. Rebuilding would not help, so the entry is kept. Carries the
+    module's path and the loader's message."""
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason

@@ -19,6 +19,9 @@ from sparse_mla.jit.key import SUPPORTED_D_QK
 D_V = 512
 H_KV = 1
 INT32_MAX = 2**31 - 1
+# The kernel runs one CTA per (query row, block of 64 heads) on a one-dimensional grid of at most
+# INT32_MAX CTAs; include/sparse_mla/entry.cuh refuses larger launches with the same rule.
+HEAD_BLOCK = 64
 # q and kv rows are gathered with 16-byte vector loads (one e4m3 value is one byte).
 ROW_ALIGNMENT = 16
 
@@ -57,6 +60,17 @@ def _check_contiguous(t: torch.Tensor, name: str) -> None:
 def _check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         _fail(f"{name} must have a contiguous last dimension (stride 1), got strides {list(t.stride())}")
+
+
+def _check_no_self_overlap(t: torch.Tensor, name: str) -> None:
+    """Two elements of an output must never share an address (a zero stride, say): the kernel would
+    write both. Taking dimensions by increasing stride, each stride must step past everything the
+    smaller ones span."""
+    span = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
+        if stride < span:
+            _fail(f"{name} must not overlap itself, got shape {list(t.shape)} and strides {list(t.stride())}")
+        span += stride * (size - 1)
 
 
 _REQUIRED = ("q", "kv", "indices", "q_scale", "kv_scale")
@@ -176,6 +190,11 @@ def validate_prefill_args(
     for name, extent in (("s_q", s_q), ("s_kv", s_kv), ("h_q", h_q), ("topk", topk)):
         if extent > INT32_MAX:
             _fail(f"{name} must fit in int32, got {extent}")
+    if s_q * -(-h_q // HEAD_BLOCK) > INT32_MAX:
+        _fail(
+            f"s_q * ceil(h_q / {HEAD_BLOCK}) (the kernel's grid) must not exceed {INT32_MAX}, got s_q {s_q} "
+            f"and h_q {h_q}"
+        )
     if not math.isfinite(sm_scale):
         _fail(f"sm_scale must be finite, got {sm_scale}")
 
@@ -198,10 +217,12 @@ def validate_prefill_args(
     if out is not None:
         _check_shape(out, "out", (s_q, h_q, D_V), "[s_q, h_q, d_v]")
         _check_last_dim_contiguous(out, "out")
+        _check_no_self_overlap(out, "out")
     for name, t in (("max_logits", max_logits), ("lse", lse)):
         if t is not None:
             _check_shape(t, name, (s_q, h_q), "[s_q, h_q]")
             _check_last_dim_contiguous(t, name)
+            _check_no_self_overlap(t, name)
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:

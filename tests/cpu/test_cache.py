@@ -26,7 +26,8 @@ import sparse_mla
 import sparse_mla.jit
 from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, ToolchainError
 from sparse_mla.jit import build as build_module
-from sparse_mla.jit.cache import KEY_FILE, KernelCache, read_entry
+from sparse_mla.jit.cache import KernelCache
+from sparse_mla.jit.store import KEY_FILE, read_intact
 from sparse_mla.jit.key import KernelKey
 
 KEY = KernelKey(576, 2048)
@@ -157,12 +158,12 @@ def test_corrupt_entry_is_detected_logged_and_rebuilt(cache_root, caplog, damage
         meta = json.loads((entry / KEY_FILE).read_text())
         meta["so_sha256"] = build_module.file_sha256(so)
         (entry / KEY_FILE).write_text(json.dumps(meta))
-    assert read_entry(entry) is None or damage == "wrong_key"
+    assert read_intact(cache_root, entry).state == ("ok" if damage == "wrong_key" else "corrupt")
     with caplog.at_level(logging.WARNING, logger="sparse_mla"):
         module = fake_jit.fake_cache().get(KEY)
     assert module.kernel_key() == KEY.name
     assert len(builds(cache_root)) == 2
-    assert read_entry(entry) is not None
+    assert read_intact(cache_root, entry).state == "ok"
     if damage != "delete_key_json":
         assert any(str(entry) in r.getMessage() for r in caplog.records)
 
@@ -237,14 +238,14 @@ def test_host_without_cuda_toolkit_loads_an_entry_built_from_the_same_sources(ca
     [(errno.EROFS, "is not writable"), (errno.EACCES, "is not writable"), (errno.ENOSPC, "is out of space")],
 )
 def test_unusable_cache_directory_is_one_typed_actionable_error(cache_root, monkeypatch, error_number, words):
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def failing_mkdir(self, *args, **kwargs):
-        if str(self).startswith(str(cache_root)):
-            raise OSError(error_number, os.strerror(error_number), str(self))
-        return real_mkdir(self, *args, **kwargs)
+    def failing_mkdir(path, *args, **kwargs):
+        if str(path).startswith(str(cache_root)):
+            raise OSError(error_number, os.strerror(error_number), str(path))
+        return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "mkdir", failing_mkdir)
+    monkeypatch.setattr(os, "mkdir", failing_mkdir)
     with pytest.raises(CacheError, match=words) as raised:
         fake_jit.fake_cache().get(KEY)
     assert "SPARSE_MLA_JIT_CACHE_DIR" in str(raised.value)

@@ -4,9 +4,12 @@ nvcc tier."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,7 @@ import fake_jit
 import sparse_mla
 import sparse_mla.__main__ as cli
 from sparse_mla.__main__ import main
+from sparse_mla.jit import store
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import KernelKey
 
@@ -163,18 +167,130 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     assert not list(tmp_path.glob("sm90a/*/*/key.json")), "an interrupted build was published"
 
 
-def test_list_reports_ok_and_corrupt_entries_then_clean_removes_them(tmp_path, monkeypatch, capsys):
+def list_states(capsys) -> dict[str, str]:
+    return {line.split()[1]: line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]}
+
+
+def test_list_reports_each_entry_ok_stale_or_corrupt(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "build_spec", fake_jit.fake_spec)  # freshness against the fake compiler's specs
     cache = fake_jit.fake_cache()
-    good, _ = cache.prebuild(KernelKey(576, 2048), tmp_path)
-    bad, _ = cache.prebuild(KernelKey(512, 512), tmp_path)
-    (bad / "fake.so").write_bytes(b"garbage")
+    ok, _ = cache.prebuild(KernelKey(576, 2048), tmp_path)
+    stale, _ = cache.prebuild(KernelKey(576, 64), tmp_path)
+    corrupt, _ = cache.prebuild(KernelKey(512, 512), tmp_path)
+    meta = json.loads((stale / "key.json").read_text())
+    meta["source_digest"] = "built from older headers"
+    (stale / "key.json").write_text(json.dumps(meta))
+    (corrupt / "fake.so").write_bytes(b"garbage")
     assert main(["list", "--cache-dir", str(tmp_path)]) == 0
-    listing = capsys.readouterr().out
-    assert "2 entries" in listing
-    lines = {line.split()[1]: line.split()[0] for line in listing.splitlines()[1:]}
-    assert lines == {"sparse_mla_prefill_dqk576_topk2048_sm90a": "stale", "sparse_mla_prefill_dqk512_topk512_sm90a": "corrupt"}
-    assert main(["clean", "--cache-dir", str(tmp_path)]) == 0
-    assert not (tmp_path / "sm90a").exists()
+    assert list_states(capsys) == {
+        "sparse_mla_prefill_dqk576_topk2048_sm90a": "ok",
+        "sparse_mla_prefill_dqk576_topk64_sm90a": "stale",
+        "sparse_mla_prefill_dqk512_topk512_sm90a": "corrupt",
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda meta: meta.update(key=["576", "2048"]),
+        lambda meta: meta["key"].update(d_qk="576"),
+        lambda meta: meta["key"].update(d_qk=320),
+        lambda meta: meta.update(so_file=7),
+        lambda meta: meta.update(compile_seconds="fast"),
+        lambda meta: meta.pop("digest"),
+        lambda meta: meta.update(so_file="/elsewhere/module.so"),
+    ],
+    ids=["key-not-a-dict", "d_qk-a-string", "d_qk-unsupported", "so_file-not-a-string", "seconds-not-a-number",
+         "no-digest", "so_file-a-path"],
+)
+def test_list_reports_a_key_json_with_malformed_fields_as_corrupt(tmp_path, capsys, change):
+    entry, _ = fake_jit.fake_cache().prebuild(KernelKey(576, 2048), tmp_path)
+    meta = json.loads((entry / "key.json").read_text())
+    change(meta)  # the module's checksum still matches
+    (entry / "key.json").write_text(json.dumps(meta))
+    assert main(["list", "--cache-dir", str(tmp_path)]) == 0
+    assert list_states(capsys) == {"sparse_mla_prefill_dqk576_topk2048_sm90a": "corrupt"}
+
+
+@pytest.fixture
+def busy_root(tmp_path):
+    """A root with two kernels and things sparse_mla did not make, at every level."""
+    root = tmp_path / "D"
+    cache = fake_jit.fake_cache()
+    entries = [cache.prebuild(KernelKey(576, 2048), root)[0], cache.prebuild(KernelKey(512, 512), root)[0]]
+    (root / "smb_share").mkdir()
+    (root / "smb_share" / "file").write_text("a user's file")
+    (root / "smtp-notes").write_text("a user's notes")
+    (root / "sm90a" / "notes.txt").write_text("a user's notes beside the kernels")
+    (entries[0].parent / "0123456789abcdef").mkdir()  # named like an entry, but no key.json
+    outside = tmp_path / "outside"
+    shutil.copytree(entries[0].parent, outside / "sparse_mla_prefill_dqk576_topk7_sm90a")
+    (root / "sm90a" / "sparse_mla_prefill_dqk576_topk7_sm90a").symlink_to(outside / "sparse_mla_prefill_dqk576_topk7_sm90a")
+    return root, entries, outside
+
+
+def _tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def test_clean_removes_the_entries_only_and_never_follows_a_link(busy_root, capsys):
+    root, entries, outside = busy_root
+    before_outside = _tree(outside)
+    assert main(["clean", "--cache-dir", str(root)]) == 0
+    assert "removed 2 of 2 entries" in capsys.readouterr().out
+    assert not any(entry.exists() for entry in entries)
+    for kept in ("smb_share/file", "smtp-notes", "sm90a/notes.txt", "CACHEDIR.TAG"):
+        assert (root / kept).exists(), kept
+    assert (entries[0].parent / "0123456789abcdef").is_dir()
+    assert (root / "sm90a" / "sparse_mla_prefill_dqk576_topk7_sm90a").is_symlink()
+    assert _tree(outside) == before_outside
+
+
+def test_clean_dry_run_removes_nothing(busy_root, capsys):
+    root, entries, _ = busy_root
+    assert main(["clean", "--dry-run", "--cache-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("would be removed") == 2 and "would remove 2 of 2 entries" in out
+    assert all(entry.exists() for entry in entries)
+
+
+def test_clean_older_than_keeps_recent_entries(busy_root, capsys):
+    root, (old, recent), _ = busy_root
+    forty_days_ago = time.time() - 40 * 86400
+    os.utime(old / "key.json", (forty_days_ago, forty_days_ago))
+    assert main(["clean", "--older-than", "30", "--cache-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert not old.exists() and recent.exists()
+    assert "kept: built less than 30 days ago" in out and "removed 1 of 2 entries" in out
+
+
+def test_clean_refuses_a_root_sparse_mla_did_not_build_into(tmp_path, capsys):
+    (tmp_path / "sm90a" / "something").mkdir(parents=True)
+    assert main(["clean", "--cache-dir", str(tmp_path)]) == 1
+    assert "holds no CACHEDIR.TAG" in capsys.readouterr().err
+    assert (tmp_path / "sm90a" / "something").is_dir()
+
+
+def test_clean_waits_for_a_build_holding_the_entry_lock(busy_root):
+    root, entries, _ = busy_root
+    with open(store.lock_path(entries[0]), "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # as a build of this entry would
+        cleaner = threading.Thread(target=main, args=(["clean", "--cache-dir", str(root)],))
+        cleaner.start()
+        cleaner.join(1.0)
+        assert cleaner.is_alive() and entries[0].exists(), "clean did not wait for the lock"
+        fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    cleaner.join(30)
+    assert not cleaner.is_alive() and not entries[0].exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_clean_keeps_another_users_entry(busy_root, capsys):
+    root, (theirs, mine), _ = busy_root
+    os.chown(theirs, 65534, 65534)
+    assert main(["clean", "--cache-dir", str(root)]) == 0
+    assert "kept: belongs to another user (uid 65534)" in capsys.readouterr().out
+    assert theirs.exists() and not mine.exists()
 
 
 def test_env_prints_versions_gpus_roots_and_the_variables_that_are_set(tmp_path):

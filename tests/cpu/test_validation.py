@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import fake_cuda, valid_args
+from fake_tensors import fake_cuda, valid_args
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.validate import check_pointers, validate_prefill_args
 
@@ -211,6 +212,37 @@ def test_strided_q_and_kv_with_contiguous_last_dim_are_accepted():
 )
 def test_strides(name, make, match):
     _rejects(ValueError, match, **{name: make()})
+
+
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("out", lambda: fake_cuda((4, 1, 512), torch.bfloat16, view=lambda t: t.expand(4, 16, 512))),
+        ("max_logits", lambda: fake_cuda((1, 16), torch.float32, view=lambda t: t.expand(4, 16))),
+        ("lse", lambda: fake_cuda((4, 16), torch.float32, view=lambda t: t.as_strided((4, 16), (8, 1)))),
+    ],
+)
+def test_an_output_overlapping_itself_is_rejected(name, make):
+    _rejects(ValueError, f"^{name} must not overlap itself, got shape", **{name: make()})
+
+
+@pytest.mark.parametrize("s_q, h_q", [(2**31 - 1, 65), (2**20, 64 * 2**11 + 1)])
+def test_a_grid_larger_than_the_kernel_can_launch_is_rejected(s_q, h_q):
+    with pytest.raises(ValueError, match=r"^s_q \* ceil\(h_q / 64\) \(the kernel's grid\) must not exceed 2147483647"):
+        validate_prefill_args(**valid_args(s_q=s_q, h_q=h_q, topk=1))
+
+
+def test_the_largest_grid_is_accepted():
+    validate_prefill_args(**valid_args(s_q=2**31 - 1, h_q=64, topk=1))
+
+
+def test_the_tiers_collect_together():
+    """Each tier has a conftest.py; test modules import helpers from modules of their own names."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/cpu", "tests/gpu"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def test_strided_outputs_with_contiguous_last_dim_are_accepted():

@@ -46,7 +46,7 @@ if env.cuda_home() is None:
     )
 
 from sparse_mla.jit.build import build_spec  # noqa: E402
-from sparse_mla.jit.cache import read_entry  # noqa: E402
+from sparse_mla.jit.store import read_intact  # noqa: E402
 from sparse_mla.jit.key import KernelKey  # noqa: E402
 
 # Keys that no other test compiles, so no cache entry or build is shared with them.
@@ -291,7 +291,7 @@ def built_entry(concurrent_build) -> Path:
     """The cache root test 1 built, after checking it holds an intact entry of KEY_SHARED."""
     cache_dir, results, _ = concurrent_build
     entry = entry_dir(cache_dir, KEY_SHARED)
-    assert read_entry(entry) is not None, "test 1's concurrent build left no intact entry:\n" + "\n".join(
+    assert read_intact(cache_dir, entry).state == "ok", "test 1's concurrent build left no intact entry:\n" + "\n".join(
         show(r) for r in results.values()
     )
     return cache_dir
@@ -388,7 +388,7 @@ def test_a_prebuild_killed_mid_build_leaves_only_staging_and_the_next_prebuild_c
     assert rebuilt.returncode == 0 and summary_statuses(rebuilt, key) == ["built"], show(rebuilt)
     remaining = [n for n in key_dir_contents(tmp_path, key) if n.startswith(".staging-")]
     assert not remaining, f"after the rebuild, staging folders {remaining} remain (leftovers were {staging})"
-    assert read_entry(entry_dir(tmp_path, key)) is not None, f"no intact entry\n{show(rebuilt)}"
+    assert read_intact(tmp_path, entry_dir(tmp_path, key)).state == "ok", f"no intact entry\n{show(rebuilt)}"
 
 
 # ---- test 4: a damaged .so ---------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def test_a_process_with_the_jit_disabled_never_loads_a_corrupt_entry(concurrent_
     assert re.search(rf"^JITDisabledError: .*{re.escape(command)}(?!\d)", result.stdout, re.MULTILINE), report
     assert f"prebuild_command: {command}\n" in result.stdout, report
     assert "mapped from the cache: []" in result.stdout, f"a file of the cache was mapped\n{report}"
-    warning = f"unusable cache entry {entry_dir(root, key)}"
+    warning = f"not loading cache entry {entry_dir(root, key)}: corrupt ({key.name}.so does not match its checksum)"
     assert warning in result.stderr, f"the corrupt entry was not reported\n{report}"
     control = f"control: {key.name}"
     assert control in result.stdout, f"the damaged module does not load, so this proves less\n{report}"

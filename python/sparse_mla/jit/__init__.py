@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sparse_mla.jit.build import BuildSpec, build_spec
-from sparse_mla.jit.cache import KernelCache, scan
+from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import ENTRY_FUNCTION, KernelKey
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "KernelKey",
     "build_spec",
     "get_module",
-    "scan",
     "warmup",
 ]
 

@@ -1,17 +1,21 @@
 """The content-addressed kernel cache: in-process memo -> read-only lookup -> locked build -> publish.
 
-Layout of one entry: ``<root>/sm90a/<name>/<digest16>/`` holding the generated source, the ``.so``,
-``build.log`` and ``key.json`` (the key, the digest and its inputs, flags, toolchain, compile seconds,
-and the sha256 of the ``.so``). ``key.json`` is written last and an entry is published by renaming a
-finished staging directory, so a directory with a valid ``key.json`` is a complete entry, and a
-``.so`` whose bytes no longer match the recorded sha256 is detected as corrupt and rebuilt.
+An entry (layout, integrity and trust rules: :mod:`sparse_mla.jit.store`) is published by renaming a
+finished staging folder whose ``key.json`` is written last, so a folder with a valid ``key.json`` is a
+complete entry, and a module whose bytes no longer match the recorded sha256 is detected and rebuilt.
 
 Protocol:
 1. memo: a dict per process, one lock per key, so concurrent threads build once;
-2. lookup: every cache root in order, no lock, no subprocess; an intact entry is loaded;
-3. miss: take an exclusive file lock next to the entry in the writable root (concurrent processes,
-   e.g. 8 tensor-parallel ranks, queue here), look again, else build into a staging directory,
-   load-check it, write key.json, and publish with an atomic rename.
+2. lookup: every cache root in order (the writable root, then ``SPARSE_MLA_PREBUILT_DIRS``), no lock,
+   no subprocess; the first intact, trusted entry is loaded. Other entries are logged and skipped;
+3. miss: in the writable root, take the entry's file lock (concurrent processes, e.g. the 8 ranks of
+   a tensor-parallel server, queue here), look again, else build into a staging folder, keep the
+   published files only, write key.json and publish with a rename. Where a lock did not exclude (some
+   network file systems), a rename onto an entry another process published meanwhile is no error: that
+   entry is checked and loaded.
+
+An intact entry whose module fails to load (a host without a library the module links) raises
+:class:`~sparse_mla.errors.KernelLoadError`: rebuilding would not help, so the entry stays.
 
 A compile, and a wait for another process's compile, are announced on the ``sparse_mla`` logger
 (:mod:`sparse_mla.jit.log`).
@@ -23,19 +27,17 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, SparseMLAError
-from sparse_mla.jit import env
+from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, KernelLoadError, SparseMLAError
+from sparse_mla.jit import env, store
 from sparse_mla.jit.build import (
     BuildResult,
     BuildSpec,
@@ -47,9 +49,6 @@ from sparse_mla.jit.build import (
 from sparse_mla.jit.key import KEY_FUNCTION, KernelKey
 from sparse_mla.jit.log import logger
 
-KEY_FILE = "key.json"
-_STAGING_PREFIX = ".staging-"
-
 
 def _load_tvm_module(so_path: Path) -> Any:
     import tvm_ffi
@@ -57,31 +56,9 @@ def _load_tvm_module(so_path: Path) -> Any:
     return tvm_ffi.load_module(str(so_path))
 
 
-@dataclasses.dataclass
-class EntryStatus:
-    """What ``list`` reports of one directory in a cache root."""
-
-    path: Path
-    name: str
-    state: str  # "ok", "stale" (built from other headers/toolchain), "corrupt"
-    detail: str = ""
-    compile_seconds: float | None = None
-
-
-def read_entry(entry_dir: Path) -> dict | None:
-    """key.json of an intact entry, or None when the entry is missing, incomplete or corrupt."""
-    try:
-        meta = json.loads((entry_dir / KEY_FILE).read_text())
-        so_path = entry_dir / meta["so_file"]
-        if file_sha256(so_path) != meta["so_sha256"]:
-            return None
-        return meta
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 class KernelCache:
-    """Finds, builds and loads kernel modules. ``builder`` and ``loader`` are replaceable for tests."""
+    """Finds, builds and loads kernel modules. ``builder``, ``loader`` and ``spec_for`` are replaceable
+    for tests."""
 
     def __init__(
         self,
@@ -115,10 +92,14 @@ class KernelCache:
     def _find_or_build(self, key: KernelKey) -> Any:
         spec = self._spec_for(key)
         for root in env.lookup_dirs():
-            for entry_dir in self._candidates(spec, root):
-                module = self._try_load(spec, entry_dir)
-                if module is not None:
-                    return module
+            for entry_dir in store.candidates(spec, root):
+                found = store.inspect(spec, root, entry_dir)
+                if found.state == "ok":
+                    module = self._load(spec, root, entry_dir, found)
+                    if module is not None:
+                        return module
+                elif found.state != "absent":
+                    logger.warning("sparse_mla: not loading cache entry %s: %s (%s)", entry_dir, found.state, found.reason)
         if env.jit_disabled():
             roots = ", ".join(str(r) for r in env.lookup_dirs())
             raise JITDisabledError(
@@ -127,42 +108,38 @@ class KernelCache:
                 key_name=key.name,
                 prebuild_command=key.prebuild_command,
             )
-        return self.build(spec, env.cache_dir())[2]
+        root = env.cache_dir()
+        if root is None:
+            raise CacheError(
+                f"kernel {key.name} is in no cache root and there is no writable one to compile it into: the "
+                "default lives in the home directory, which this process has none of (HOME is unset and its uid "
+                "has no passwd entry); set SPARSE_MLA_JIT_CACHE_DIR to a writable directory"
+            )
+        return self.build(spec, root)[2]
 
-    @staticmethod
-    def _candidates(spec: BuildSpec, root: Path) -> list[Path]:
-        if spec.cuda_version is not None:
-            return [spec.entry_dir(root)]
-        # No CUDA toolkit on this host: accept an entry built from the same sources by any toolkit.
-        matches = []
-        for key_file in sorted((root / spec.key.arch / spec.key.name).glob(f"*/{KEY_FILE}")):
-            with contextlib.suppress(OSError, ValueError):
-                if json.loads(key_file.read_text()).get("source_digest") == spec.source_digest:
-                    matches.append(key_file.parent)
-        return matches
-
-    def _load_checked(self, spec: BuildSpec, entry_dir: Path) -> Any:
-        meta = read_entry(entry_dir)
-        if meta is None:
-            raise CacheError(f"cache entry {entry_dir} is incomplete or corrupt")
+    def _load(self, spec: BuildSpec, root: Path, entry_dir: Path, found: store.Inspection) -> Any:
+        """The module of an intact entry; None (logged) when it holds another kernel, or changed while
+        it was being loaded. Raises KernelLoadError when an entry that is still intact does not load."""
+        so_path = entry_dir / found.meta["so_file"]
         try:
-            module = self._loader(entry_dir / meta["so_file"])
+            module = self._loader(so_path)
             loaded_key = str(getattr(module, KEY_FUNCTION)())
         except Exception as error:  # a broken shared object surfaces as many exception types
-            raise CacheError(f"cache entry {entry_dir} does not load: {error}") from error
+            again = store.inspect(spec, root, entry_dir)
+            if again.state != "ok":
+                logger.warning("sparse_mla: cache entry %s changed while loading: %s (%s)", entry_dir, again.state, again.reason)
+                return None
+            raise KernelLoadError(
+                f"cache entry {entry_dir} is intact (its key and checksum match) but its module does not load on "
+                f"this host: {error}. Rebuilding would not help; check that the libraries it links (the CUDA "
+                "runtime, tvm-ffi) are installed",
+                path=str(so_path),
+                reason=str(error),
+            ) from error
         if loaded_key != spec.key.name:
-            raise CacheError(f"cache entry {entry_dir} holds {loaded_key}, not {spec.key.name}")
+            logger.warning("sparse_mla: cache entry %s holds %s, not %s", entry_dir, loaded_key, spec.key.name)
+            return None
         return module
-
-    def _try_load(self, spec: BuildSpec, entry_dir: Path) -> Any:
-        """The module of an intact, loadable entry; None (logged unless simply absent) otherwise."""
-        if not entry_dir.exists():
-            return None
-        try:
-            return self._load_checked(spec, entry_dir)
-        except CacheError as error:
-            logger.warning("sparse_mla: unusable cache entry %s (%s)", entry_dir, error)
-            return None
 
     # ---- building (also the prebuild command) --------------------------------------------------
 
@@ -177,22 +154,44 @@ class KernelCache:
                 f"with: {spec.key.prebuild_command} --cache-dir DIR"
             )
         with _cache_errors(root, advice):
-            entry_dir.parent.mkdir(parents=True, exist_ok=True)
-            with _file_lock(entry_dir.parent / f".{entry_dir.name}.lock", spec.key.name):
-                module = self._try_load(spec, entry_dir)
-                if module is not None:
-                    return entry_dir, None, module
-                # Holding the lock, any staging directory of this entry belongs to a killed build.
-                for leftover in entry_dir.parent.glob(f"{_STAGING_PREFIX}{entry_dir.name}-*"):
-                    shutil.rmtree(leftover, ignore_errors=True)
-                if entry_dir.exists():
-                    logger.warning("sparse_mla: rebuilding unusable cache entry %s", entry_dir)
-                    _remove(entry_dir)
+            store.make_dirs(root, entry_dir.parent)
+            problem = store.trust_problem(root, entry_dir.parent)
+            if problem:
+                raise CacheError(
+                    f"the kernel cache directory {root} is not trusted: {problem}, and sparse_mla loads no module "
+                    "that another user could have written. Make it writable by its owner only, or list it in "
+                    f"SPARSE_MLA_TRUSTED_DIRS if everyone who can write it is trusted; or {advice}"
+                )
+            with store.entry_lock(entry_dir, spec.key.name):
+                found = store.inspect(spec, root, entry_dir)
+                if found.state == "ok":
+                    module = self._load(spec, root, entry_dir, found)
+                    if module is not None:
+                        return entry_dir, None, module
+                    found = store.Inspection("corrupt", "its module holds another kernel", owner=found.owner)
+                if found.state in ("unreadable", "untrusted") or found.owner not in (None, os.getuid()):
+                    raise CacheError(
+                        f"cache entry {entry_dir} is {found.state} ({found.reason or 'it belongs to another user'}), "
+                        f"and sparse_mla never replaces an entry that is not this user's; {advice}"
+                    )
+                store.reap_leftovers(entry_dir.parent, entry_dir.name)
+                if found.state == "corrupt":
+                    logger.warning("sparse_mla: rebuilding unusable cache entry %s (%s)", entry_dir, found.reason)
+                    store.remove(entry_dir)
                 seconds = self._build_and_publish(spec, entry_dir)
-        return entry_dir, seconds, self._load_checked(spec, entry_dir)
+            found = store.inspect(spec, root, entry_dir)
+            module = self._load(spec, root, entry_dir, found) if found.state == "ok" else None
+        if module is None:
+            raise CacheError(f"cache entry {entry_dir} is not usable right after it was built: {found.state} ({found.reason})")
+        return entry_dir, seconds, module
 
-    def _build_and_publish(self, spec: BuildSpec, entry_dir: Path) -> float:
-        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{entry_dir.name}-", dir=entry_dir.parent))
+    def _build_and_publish(self, spec: BuildSpec, entry_dir: Path) -> float | None:
+        """Compiles ``spec`` and publishes it at ``entry_dir``; returns the compile seconds, or None when
+        another process published the entry meanwhile."""
+        staging = Path(
+            tempfile.mkdtemp(prefix=f"{store.STAGING}{entry_dir.name}-{store.owner_tag()}-", dir=entry_dir.parent)
+        )
+        failed_log = entry_dir.parent / f"{entry_dir.name}.failed.log"
         try:
             logger.info(
                 "sparse_mla: compiling %s (not in the cache yet; this takes a while, `%s` does it ahead "
@@ -207,13 +206,13 @@ class KernelCache:
                 raise  # typed already, or a file-system failure that _cache_errors reports
             except Exception as error:  # tvm-ffi reports a failed compile as RuntimeError
                 command, log = describe_failure(error, staging)
-                log_path = entry_dir.parent / f"{entry_dir.name}.failed.log"
-                log_path.write_text(f"$ {command}\n{log}\n")
+                (staging / failed_log.name).write_text(f"$ {command}\n{log}\n")
+                os.replace(staging / failed_log.name, failed_log)  # replaces a link there, never writes through it
                 raise KernelBuildError(
-                    f"compiling {spec.key.name} failed; command: {command}; full log: {log_path}",
+                    f"compiling {spec.key.name} failed; command: {command}; full log: {failed_log}",
                     key_name=spec.key.name,
                     command=command,
-                    log_path=str(log_path),
+                    log_path=str(failed_log),
                 ) from error
             seconds = time.perf_counter() - start
             (staging / "build.log").write_text(f"$ {result.command}\n{result.log}\n")
@@ -233,16 +232,21 @@ class KernelCache:
                 "so_sha256": file_sha256(staging / result.so_name),
             }
             # key.json last: its presence (with a matching sha256) is what makes an entry complete.
-            (staging / KEY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-            os.rename(staging, entry_dir)  # atomic publish; the lock keeps entry_dir absent till now
-            failed_log = entry_dir.parent / f"{entry_dir.name}.failed.log"
-            if failed_log.exists():
+            (staging / store.KEY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+            store.set_published_modes(staging)
+            try:
+                os.rename(staging, entry_dir)  # atomic publish
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                logger.info("sparse_mla: %s was published meanwhile by a process the lock did not hold back; using it", entry_dir)
+                return None
+            with contextlib.suppress(FileNotFoundError):
                 failed_log.unlink()  # an earlier failure of this entry is history now
             logger.info("sparse_mla: compiled %s in %.1f s -> %s", spec.key.name, seconds, entry_dir)
             return seconds
         finally:
-            if staging.exists():
-                _remove(staging)
+            shutil.rmtree(staging, ignore_errors=True)
 
     def prebuild(self, key: KernelKey, root: Path, advice: str | None = None) -> tuple[Path, float | None]:
         """Build ``key`` into ``root`` (loading it once proves the entry); for the prebuild command."""
@@ -262,30 +266,6 @@ def _keep_only(build_dir: Path, names: set[str]) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path, what: str):
-    """An exclusive lock on ``path``, which names its holder while held; waiting for it is announced."""
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            logger.info("sparse_mla: waiting for the build of %s held by %s (lock %s) ...", what, holder, path)
-            start = time.perf_counter()
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, also on a crash
-            logger.info("sparse_mla: waited %.1f s for the build of %s", time.perf_counter() - start, what)
-        handle.truncate(0)
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.truncate(0)
-            handle.flush()
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _cache_errors(root: Path, advice: str):
     """Turns file-system failures in a cache root into one actionable CacheError."""
     try:
@@ -298,35 +278,3 @@ def _cache_errors(root: Path, advice: str):
         else:
             reason = f"cannot be used ({error.strerror or error})"
         raise CacheError(f"the kernel cache directory {root} {reason} ({error}); {advice}") from error
-
-
-def _remove(path: Path) -> None:
-    """Moves a directory aside before deleting it, so that no reader sees it half deleted."""
-    trash = path.with_name(f".trash-{path.name}-{os.getpid()}-{threading.get_ident()}")
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def scan(root: Path) -> list[EntryStatus]:
-    """Every entry under ``root`` with its state, for ``python -m sparse_mla list``."""
-    statuses = []
-    for entry_dir in sorted(root.glob("*/*/*")):
-        if not entry_dir.is_dir() or entry_dir.name.startswith("."):
-            continue
-        meta = read_entry(entry_dir)
-        if meta is None:
-            statuses.append(EntryStatus(entry_dir, entry_dir.parent.name, "corrupt", "no intact key.json/.so"))
-            continue
-        key = KernelKey(**{k: meta["key"][k] for k in ("d_qk", "topk", "arch")})
-        state, detail = "ok", ""
-        try:
-            current = build_spec(key)
-            if current.source_digest != meta["source_digest"] or current.cuda_version not in (
-                None,
-                meta["cuda_version"],
-            ):
-                state = "stale"
-        except SparseMLAError as error:
-            detail = f"cannot check freshness: {error}"
-        statuses.append(EntryStatus(entry_dir, key.name, state, detail, meta.get("compile_seconds")))
-    return statuses

@@ -7,6 +7,7 @@ never with a subprocess: a cache hit must not start one.
 | --- | --- |
 | ``SPARSE_MLA_JIT_CACHE_DIR`` | the writable cache root (default: ``jit_cache/`` in a source checkout, else ``~/.cache/sparse_mla``) |
 | ``SPARSE_MLA_PREBUILT_DIRS`` | extra read-only cache roots searched after it, separated by ``os.pathsep`` |
+| ``SPARSE_MLA_TRUSTED_DIRS`` | cache roots trusted although other users may write them (see :mod:`sparse_mla.jit.entry`) |
 | ``SPARSE_MLA_DISABLE_JIT=1`` | a cache miss raises :class:`~sparse_mla.errors.JITDisabledError` instead of compiling |
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
 | ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
@@ -47,29 +48,51 @@ def source_checkout_root() -> Path | None:
     return None
 
 
-def default_cache_dir() -> Path:
+def _expanded(text: str) -> Path | None:
+    """``text`` as a path with ``~`` expanded; None when it needs a home directory this process lacks
+    (HOME unset and no passwd entry for its uid)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return None
+
+
+def default_cache_dir() -> Path | None:
+    """``jit_cache/`` in a source checkout, else ``$XDG_CACHE_HOME/sparse_mla`` or ``~/.cache/sparse_mla``;
+    None when there is no home directory to put it in."""
     checkout = source_checkout_root()
     if checkout is not None:
         return checkout / "jit_cache"
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "sparse_mla"
+    base = Path(xdg) if xdg else _expanded("~/.cache")
+    return base / "sparse_mla" if base is not None else None
 
 
-def cache_dir() -> Path:
-    """The writable cache root."""
+def cache_dir() -> Path | None:
+    """The writable cache root; None when none is configured and there is no home directory."""
     configured = os.environ.get("SPARSE_MLA_JIT_CACHE_DIR")
-    return Path(configured).expanduser() if configured else default_cache_dir()
+    return _expanded(configured) if configured else default_cache_dir()
+
+
+def _path_list(variable: str) -> list[Path]:
+    entries = (_expanded(entry.strip()) for entry in os.environ.get(variable, "").split(os.pathsep) if entry.strip())
+    return [path for path in entries if path is not None]
 
 
 def prebuilt_dirs() -> list[Path]:
     """The read-only cache roots of ``SPARSE_MLA_PREBUILT_DIRS``, in order."""
-    entries = os.environ.get("SPARSE_MLA_PREBUILT_DIRS", "").split(os.pathsep)
-    return [Path(entry.strip()).expanduser() for entry in entries if entry.strip()]
+    return _path_list("SPARSE_MLA_PREBUILT_DIRS")
+
+
+def trusted_dirs() -> list[Path]:
+    """The cache roots of ``SPARSE_MLA_TRUSTED_DIRS``: exempt from the ownership and permission rule."""
+    return _path_list("SPARSE_MLA_TRUSTED_DIRS")
 
 
 def lookup_dirs() -> list[Path]:
     """Cache roots searched for a built module, in order: the writable root, then the prebuilt roots."""
-    return list(dict.fromkeys([cache_dir(), *prebuilt_dirs()]))
+    writable = cache_dir()
+    return list(dict.fromkeys([*([writable] if writable is not None else []), *prebuilt_dirs()]))
 
 
 def include_dir() -> Path:
@@ -121,13 +144,16 @@ def _cutlass_header_version(include: Path) -> str:
     return ".".join(m.group(1) if m else "?" for m in parts)
 
 
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
 def cuda_home() -> Path | None:
     """The CUDA toolkit: CUDA_HOME/CUDA_PATH, /usr/local/cuda, or where the real ``nvcc`` lives.
 
-    ``nvcc`` on PATH may be a wrapper script (``/usr/local/bin/nvcc`` here), so a candidate counts only
-    if it holds both ``bin/nvcc`` and ``include/cuda.h``.
+    ``nvcc`` on PATH may be a wrapper script (``/usr/local/bin/nvcc`` on some hosts), so a candidate
+    counts only if it holds both ``bin/nvcc`` and ``include/cuda.h``.
     """
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_CUDA_HOME]
     nvcc = shutil.which("nvcc")
     if nvcc:
         candidates.append(str(Path(nvcc).resolve().parent.parent))
@@ -145,6 +171,21 @@ def cuda_version(home: Path | None) -> str | None:
         return None
     match = re.search(r"#define CUDA_VERSION\s+(\d+)", (home / "include" / "cuda.h").read_text())
     return match.group(1) if match else None
+
+
+def driver_cuda_version() -> str | None:
+    """The newest CUDA version the installed driver runs (``13000`` for 13.0), read from libcuda
+    without initializing CUDA; None without a driver."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return str(version.value)
 
 
 def tvm_ffi_version() -> str:
