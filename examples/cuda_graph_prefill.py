@@ -44,7 +44,7 @@ def main() -> None:
             if isinstance(value, torch.Tensor):
                 static[name].copy_(value)  # new values into the captured buffers, same addresses
         graph.replay()
-        assert_close_to_reference(out, max_logits, lse, reference_prefill(**fresh), context=f"replay {step}")
+        assert_close_to_reference(out, max_logits, lse, reference_prefill(**fresh), inputs=fresh, context=f"replay {step}")
         print(f"step {step}: replay matches the reference")
 
     for name, run in (("eager", lambda: sparse_mla_q8kv8_prefill_fwd(**static, out=out, max_logits=max_logits, lse=lse)),

@@ -70,7 +70,7 @@ def check_eager(backend: SparsePrefillBackend, shape: dict) -> None:
     inputs = make_inputs(**shape, topk_length="random", attn_sink="random")
     result = backend.forward(**inputs)
     assert result[0].data_ptr() == backend.out.data_ptr(), "the output is not the preallocated buffer"
-    assert_close_to_reference(*result, reference_prefill(**inputs), context="eager call")
+    assert_close_to_reference(*result, reference_prefill(**inputs), inputs=inputs, context="eager call")
     print("3. eager call into preallocated outputs matches the reference")
 
 
@@ -87,7 +87,7 @@ def check_cuda_graph(backend: SparsePrefillBackend, shape: dict) -> None:
             if isinstance(value, torch.Tensor):
                 static[name].copy_(value)  # new values, same addresses
         graph.replay()
-        assert_close_to_reference(*result, reference_prefill(**fresh), context=f"graph replay {replay}")
+        assert_close_to_reference(*result, reference_prefill(**fresh), inputs=fresh, context=f"graph replay {replay}")
     print("4. CUDA graph: 2 replays with new inputs match the reference")
 
 
@@ -101,7 +101,7 @@ def check_torch_compile(backend: SparsePrefillBackend, shape: dict) -> None:
     for call in (1, 2):
         inputs = make_inputs(**shape, topk_length="random", attn_sink="random")
         result = step(inputs, backend.buffers(shape["s_q"]))
-        assert_close_to_reference(*result, reference_prefill(**inputs), context=f"torch.compile call {call}")
+        assert_close_to_reference(*result, reference_prefill(**inputs), inputs=inputs, context=f"torch.compile call {call}")
     print("5. torch.compile(fullgraph=True): 2 calls match the reference")
 
 

@@ -19,9 +19,10 @@ from sparse_mla.jit.key import SUPPORTED_D_QK
 D_V = 512
 H_KV = 1
 INT32_MAX = 2**31 - 1
-# The kernel runs one CTA per (query row, block of 64 heads) on a one-dimensional grid of at most
-# INT32_MAX CTAs; include/sparse_mla/entry.cuh refuses larger launches with the same rule.
+# The kernel counts its work items, one per (query row, block of 64 heads), in int, with room left for
+# its CTA stride; include/sparse_mla/entry.cuh refuses more items with the same rule (kMaxItems).
 HEAD_BLOCK = 64
+MAX_WORK_ITEMS = INT32_MAX - (1 << 20)
 # q and kv rows are gathered with 16-byte vector loads (one e4m3 value is one byte).
 ROW_ALIGNMENT = 16
 
@@ -190,10 +191,10 @@ def validate_prefill_args(
     for name, extent in (("s_q", s_q), ("s_kv", s_kv), ("h_q", h_q), ("topk", topk)):
         if extent > INT32_MAX:
             _fail(f"{name} must fit in int32, got {extent}")
-    if s_q * -(-h_q // HEAD_BLOCK) > INT32_MAX:
+    if s_q * -(-h_q // HEAD_BLOCK) > MAX_WORK_ITEMS:
         _fail(
-            f"s_q * ceil(h_q / {HEAD_BLOCK}) (the kernel's grid) must not exceed {INT32_MAX}, got s_q {s_q} "
-            f"and h_q {h_q}"
+            f"s_q * ceil(h_q / {HEAD_BLOCK}) (the kernel's work items) must not exceed {MAX_WORK_ITEMS}, got "
+            f"s_q {s_q} and h_q {h_q}"
         )
     if not math.isfinite(sm_scale):
         _fail(f"sm_scale must be finite, got {sm_scale}")

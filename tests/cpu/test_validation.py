@@ -14,7 +14,8 @@ import torch
 
 from fake_tensors import fake_cuda, valid_args
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-from sparse_mla.validate import check_pointers, validate_prefill_args
+from sparse_mla.jit import env
+from sparse_mla.validate import HEAD_BLOCK, INT32_MAX, MAX_WORK_ITEMS, check_pointers, validate_prefill_args
 
 TENSOR_ARGS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
 
@@ -226,14 +227,22 @@ def test_an_output_overlapping_itself_is_rejected(name, make):
     _rejects(ValueError, f"^{name} must not overlap itself, got shape", **{name: make()})
 
 
-@pytest.mark.parametrize("s_q, h_q", [(2**31 - 1, 65), (2**20, 64 * 2**11 + 1)])
-def test_a_grid_larger_than_the_kernel_can_launch_is_rejected(s_q, h_q):
-    with pytest.raises(ValueError, match=r"^s_q \* ceil\(h_q / 64\) \(the kernel's grid\) must not exceed 2147483647"):
+@pytest.mark.parametrize("s_q, h_q", [(MAX_WORK_ITEMS + 1, 64), (MAX_WORK_ITEMS // 2 + 1, 65), (2**20, 64 * 2**11 + 1)])
+def test_more_work_items_than_the_kernel_counts_are_rejected(s_q, h_q):
+    with pytest.raises(ValueError, match=rf"^s_q \* ceil\(h_q / 64\) \(the kernel's work items\) must not exceed {MAX_WORK_ITEMS}, got"):
         validate_prefill_args(**valid_args(s_q=s_q, h_q=h_q, topk=1))
 
 
-def test_the_largest_grid_is_accepted():
-    validate_prefill_args(**valid_args(s_q=2**31 - 1, h_q=64, topk=1))
+def test_the_most_work_items_are_accepted():
+    validate_prefill_args(**valid_args(s_q=MAX_WORK_ITEMS, h_q=64, topk=1))
+    validate_prefill_args(**valid_args(s_q=MAX_WORK_ITEMS // 2, h_q=128, topk=1))
+
+
+def test_the_work_item_limit_is_the_c_plus_plus_entrys():
+    """validate.py and include/sparse_mla/entry.cuh state one rule; a change to one must reach both."""
+    entry = (env.include_dir() / "sparse_mla" / "entry.cuh").read_text()
+    assert f"constexpr int64_t kMaxItems = INT32_MAX - (1 << {(INT32_MAX - MAX_WORK_ITEMS).bit_length() - 1});" in entry
+    assert f"s_q * ((h_q + {HEAD_BLOCK - 1}) / {HEAD_BLOCK})" in entry
 
 
 def test_the_tiers_collect_together():

@@ -10,6 +10,7 @@ never with a subprocess: a cache hit must not start one.
 | ``SPARSE_MLA_TRUSTED_DIRS`` | cache roots trusted although other users may write them (see :mod:`sparse_mla.jit.entry`) |
 | ``SPARSE_MLA_DISABLE_JIT=1`` | a cache miss raises :class:`~sparse_mla.errors.JITDisabledError` instead of compiling |
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
+| ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``) |
 | ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
 """
 
