@@ -26,9 +26,11 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
   __trap();  // built for the wrong target (wgmma and setmaxnreg need sm_90a)
 #else
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw + (((raw + 1023u) & ~1023u) - raw));
+  // The kernel has no static shared memory, so the dynamic allocation starts the CTA's window, which
+  // is 1024-byte aligned. Declaring it so makes every shared address a constant: no base register.
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw);
+  if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   const int head_blocks = (params.h_q + B_H - 1) / B_H;
   const int n_items = params.s_q * head_blocks;  // the launch checks that this fits an int

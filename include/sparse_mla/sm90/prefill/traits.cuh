@@ -98,9 +98,9 @@ __device__ __forceinline__ WorkItem work_item(int item, int head_blocks, int h_q
 
 template <int D_QK>
 constexpr int shared_storage_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<D_QK>)) + 1024;  // slack to align the base to 1024
+  return static_cast<int>(sizeof(SharedStorage<D_QK>));
 }
-static_assert(sizeof(SharedStorage<576>) + 1024 <= 232448, "fits the 227 KB per-block shared-memory limit");
+static_assert(sizeof(SharedStorage<576>) <= 232448, "fits the 227 KB per-block shared-memory limit");
 
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows) {
   return static_cast<uint32_t>((chunk >> 2) * (rows * 64) + row * 64 + (((chunk & 3) ^ ((row >> 1) & 3)) << 4));
