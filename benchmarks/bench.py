@@ -1,6 +1,6 @@
-"""The sparse_mla benchmark: the ANCHORS.md protocol on its table of shapes, against the incumbents.
+"""The sparse_mla benchmark: the published sparse-prefill protocol on its table of shapes, against the incumbents.
 
-Protocol (ANCHORS.md): q and kv drawn from randn, quantized to e4m3 with per-tensor scales,
+Protocol: q and kv drawn from randn, quantized to e4m3 with per-tensor scales,
 sm_scale = 1/sqrt(d_qk), preallocated outputs, a 256 MiB L2 flush before every timed call, the median
 of 30 calls timed with CUDA events; TFLOPS = 2 * s_q * h_q * topk * (d_qk + 512) / time. Each shape is
 also checked against the reference on its first 16 query rows, so a number from a wrong kernel shows.
@@ -50,7 +50,7 @@ from sparse_mla.testing import (
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 CHECK_ROWS = 16
 
-# ANCHORS.md, measured on one H200: (s_q, s_kv, h_q, d_qk, topk, sglang Q8KV8, FlashMLA bf16, target) TFLOPS.
+# The incumbents measured on one H200 (2026-11-30, in their own runs; `--incumbent` measures side by side): (s_q, s_kv, h_q, d_qk, topk, sglang Q8KV8, FlashMLA bf16, target) TFLOPS.
 SHAPES = [
     dict(s_q=4096, s_kv=8192, h_q=128, d_qk=576, topk=2048, sglang=716, flashmla=589, target=1070),
     dict(s_q=4096, s_kv=32768, h_q=128, d_qk=576, topk=2048, sglang=654, flashmla=626, target=980),

@@ -2,7 +2,7 @@
 //
 // The Python package generates, per kernel key (d_qk, topk, arch), a translation unit that includes
 // this header and exports `prefill_fwd<D_QK, TOPK>` and the key string. Python has already validated
-// every argument (SPEC §5); the checks here repeat what the kernel relies on, so that a module can
+// every argument before any compiler runs; the checks here repeat what the kernel relies on, so that a module can
 // never be fed tensors it was not built for (defence in depth), and raise typed errors instead of
 // crashing. Nothing here synchronizes the device.
 #pragma once

@@ -191,7 +191,7 @@ _PREBUILT_TOPK = {576: (1, 7, 64, 100, 512, 2048), 512: (64, 512)}
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_random_valid_calls_match_the_reference(accept, data):
-    """Property-based (issue 3 item 5) on the GPU: random shapes, head counts, strides, optional
+    """Property-based on the GPU: random shapes, head counts, strides, optional
     arguments and preallocation give outputs that match the reference."""
     d_qk = data.draw(st.sampled_from([576, 512]))
     topk = data.draw(st.sampled_from(_PREBUILT_TOPK[d_qk]))
