@@ -8,8 +8,8 @@
 // Software pipeline (iteration p; the tensor cores always have queued work except around waits):
 //   rescale O (rare); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0) + Q.K^T(p + 1); wait
 //   A1 = V^T(block 1 of p); release block 1; P.V(p, block 1)
-// (a block is released as soon as its rows are in registers, so the producer refills it early)
 //   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait
+// A block is released as soon as its rows are in registers, so the producer refills it early.
 // Only P.V of block 0 and Q.K^T run together: ptxas frees wgmma operand registers only at a
 // wait_group 0, and O (128) + A (2 x 32) + S (32) would not fit the 232-register budget.
 // P.V is computed transposed (O^T = V^T . P^T) so that V needs no transpose in shared memory: the
@@ -24,7 +24,7 @@
 //   row 8m + 2c + 1: dims 2g, 2g+1}; prmt(x[0], x[1], 0x6420) is the A register of M-row g (dim
 //   16ch + 2g) over K positions 4c..4c+3 = rows {2c, 2c+1, 8+2c, 9+2c}; 0x7531 gives M-row g + 8
 //   (dim 16ch + 2g + 1). So the K order of P.V is a fixed permutation of each 16 rows, and P is
-//   stored in that order (probs_slot).
+//   stored in that order (softmax_to_probs).
 // - O^T accumulator o[i][4j + 2h + e]: dim 256w + 64i + 16q + 2g + h, head 8j + 2c + e.
 #pragma once
 
