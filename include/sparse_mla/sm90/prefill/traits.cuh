@@ -1,10 +1,11 @@
 // Tile sizes, thread roles, register budgets and the shared-memory plan of the SM90 prefill kernel.
 //
-// Work decomposition: one CTA per (query token, block of B_H = 64 heads); 3 warpgroups.
+// Work decomposition: one work item per (query token, block of B_H = 64 heads), walked by persistent
+// CTAs (WorkItem below); 3 warpgroups.
 //   WG0, WG1 (consumers)  Q.K^T, online softmax and P.V. topk is walked in pairs of B_TOPK = 64-row
 //                         blocks: WG w computes the logits of block w of the pair (all 64 heads), and
 //                         owns output columns [256w, 256w + 256) of both blocks' P.V.
-//   WG2 (producer)        loads Q once, then gathers the KV rows of each pair into a stage.
+//   WG2 (producer)        loads each item's Q, then gathers the KV rows of each pair into a stage.
 // The producer runs NUM_STAGES pairs ahead of the consumers at most; stages are handed over with
 // mbarriers per block (kv_full: rows landed; kv_empty: both consumers finished reading them).
 #pragma once
