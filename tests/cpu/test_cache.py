@@ -183,9 +183,10 @@ def test_build_killed_by_sigkill_leaves_nothing_loadable(cache_root, tmp_path):
     child = subprocess.Popen([sys.executable, "-c", script], env=environment, start_new_session=True)
     parent = entry_of(cache_root).parent
     deadline = time.time() + 60
-    while not list(parent.glob(".staging-*")) and time.time() < deadline:
+    # Its build has started once it is logged (the staging directory appears a moment earlier).
+    while not (list(parent.glob(".staging-*")) and builds(cache_root)) and time.time() < deadline:
         time.sleep(0.05)
-    assert list(parent.glob(".staging-*")), "the child never started building"
+    assert list(parent.glob(".staging-*")) and builds(cache_root), "the child never started building"
     os.killpg(child.pid, signal.SIGKILL)  # the process and its fake compiler
     child.wait()
     assert not entry_of(cache_root).exists()
