@@ -14,7 +14,6 @@
 
 namespace sparse_mla::sm90::prefill {
 
-constexpr int D_V = 512;
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
