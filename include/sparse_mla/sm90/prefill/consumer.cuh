@@ -2,8 +2,10 @@
 //
 // Per pair, consumer w (w = 0, 1):
 //   S_w  = Q . K_w^T           64 heads x 64 slots of block w, e4m3 wgmma (SS), fp32 accumulators
-//   row maxima of S_w -> row_max[w]; [kRowMaxReady]; the pair's row max is max(row_max[0], row_max[1])
-//   P_w  = 2^(S_w - reference) -> e4m3 -> probs[pair % 2][w]; alpha -> alpha[w]; [kProbsReady]
+//   P_w  = 2^(S_w - reference) -> e4m3 -> probs[pair % 2][w]; [kProbsReady, also: did a logit of
+//          the pair exceed its row's reference by more than the slack?]
+//   only if so: row maxima -> row_max[w]; [kRowMaxReady]; new references from max(row_max[0],
+//          row_max[1]); P_w again; alpha -> alpha[w]; [kProbsReady]
 //   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T
 // Software pipeline (iteration p; the tensor cores always have queued work except around waits):
 //   rescale O (rare); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0) + Q.K^T(p + 1); wait
@@ -41,7 +43,7 @@ namespace sparse_mla::sm90::prefill {
 struct ConsumerState {
   float o[4][32];      // O^T, see the fragment notes above
   float reference[2];  // per head row g, g + 8 of this thread: the max P is relative to (log2 units)
-  float row_max[2];    // the true running max (log2 units)
+  float row_max[2];    // the running max of this thread's logits (log2 units); rows are reduced in the epilogue
   float row_sum[2];    // this thread's share of sum(P) relative to `reference`
 };
 
@@ -98,9 +100,83 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
   cute::warpgroup_commit_batch();
 }
 
+// This thread's logits of one block and what it needs to turn them into P.
+struct BlockLogits {
+  const float (&s)[32];  // raw Q.K^T accumulators, see the fragment notes
+  uint64_t valid;        // the block's valid bits, shifted so that bit 8j + e is slot 8j + 2c + e
+  float scale_log2;      // logit = s * scale_log2 (log2 units)
+
+  // s[k]'s slot is valid (k = 4j + 2h + e).
+  __device__ __forceinline__ bool is_valid(int k) const { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; }
+
+  // The max logit of this thread's valid slots of head rows g, g + 8 (-inf where none). It is taken
+  // over the raw accumulators: the rounded product with one scale is monotone (decreasing when the
+  // scale is negative), so this is the max of the rounded logits, for 32 fewer multiplies.
+  template <bool ALL_VALID>
+  __device__ __forceinline__ void row_max(float (&m)[2]) const {
+    float r[2];
+    if (scale_log2 < 0.f) raw_extremes<ALL_VALID, true>(r); else raw_extremes<ALL_VALID, false>(r);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[h] = fabsf(r[h]) == INFINITY ? -INFINITY : __fmul_rn(r[h], scale_log2);
+  }
+
+  // The min (MIN) or max of the raw accumulators of this thread's valid slots per head row (+-inf
+  // where none: an accumulator of finite e4m3 products is finite).
+  template <bool ALL_VALID, bool MIN>
+  __device__ __forceinline__ void raw_extremes(float (&r)[2]) const {
+    r[0] = r[1] = MIN ? INFINITY : -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+      float& x = r[(k >> 1) & 1];
+      if (ALL_VALID || is_valid(k)) x = MIN ? fminf(x, s[k]) : fmaxf(x, s[k]);
+    }
+  }
+
+  // P = 2^(logit - reference) as e4m3 into this thread's 4-byte groups of its P tile (rows
+  // 16 warp + g + 8h, slots 16G + 4c .. + 3 for G < 4, in the P.V K order); returns the row sums of
+  // the unrounded P.
+  // One FMA per slot gives logit - reference with a single rounding. The max the reference comes
+  // from is of rounded logits, which may lie half an ulp below the FMA's exact product: for
+  // |reference| <= 2^22 that is at most 1/4, and P <= 2^(REFERENCE_SLACK + 1/4) stays in e4m3's
+  // range. Beyond (absurd scales) P is taken from the rounded logits, as the max was.
+  __device__ __forceinline__ void write_probs(bool all_valid, const float (&reference)[2], uint32_t probs, int swz,
+                                              float (&psum)[2]) const {
+    const bool fused = fabsf(reference[0]) <= 0x1p22f && fabsf(reference[1]) <= 0x1p22f;
+    if (all_valid) {
+      if (fused) write_probs<true, true>(reference, probs, swz, psum); else write_probs<true, false>(reference, probs, swz, psum);
+    } else {
+      if (fused) write_probs<false, true>(reference, probs, swz, psum); else write_probs<false, false>(reference, probs, swz, psum);
+    }
+  }
+
+  template <bool ALL_VALID, bool FUSED>
+  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz, float (&psum)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float base = reference[h] == -INFINITY ? 0.f : reference[h];  // -inf: no valid slot yet
+      const auto prob = [&](int k) {
+        if (!ALL_VALID && !is_valid(k)) return 0.f;
+        return ex2(FUSED ? fmaf(s[k], scale_log2, -base) : __fsub_rn(__fmul_rn(s[k], scale_log2), base));
+      };
+      psum[h] = 0.f;
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp) {
+        const float p0 = prob(8 * grp + 2 * h), p1 = prob(8 * grp + 2 * h + 1);
+        const float p2 = prob(8 * grp + 4 + 2 * h), p3 = prob(8 * grp + 4 + 2 * h + 1);
+        psum[h] += (p0 + p1) + (p2 + p3);
+        st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16));
+      }
+    }
+  }
+};
+
 // Online softmax of one pair: logits s (this consumer's block of the pair in `stage`) -> P in
-// probs[buf][wg], alpha in alpha[wg], running statistics in st. Returns whether any consumer thread
-// must rescale O before the pair's P.V (the reference max of one of its heads moved).
+// probs[buf][wg], running statistics in st. Returns whether O must be rescaled (by alpha[wg]) before
+// the pair's P.V.
+// Fast path: P is written against the current references straight away, without exchanging row
+// maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
+// row's reference by more than the slack. Only then (the first pair of an item, and rarely after)
+// the exact path exchanges the maxima, moves the references and writes P again.
 template <int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int buf,
                                                  float scale_log2, ConsumerState& st) {
@@ -108,21 +184,32 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   const int warp = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
+  const uint64_t valid_bits = ss.valid[stage][wg];
+  const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
+  const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
+  const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
+  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
 
-  // Logits (log2 units) of this block are s * scale_log2; invalid slots do not count. The logits are
-  // recomputed below rather than stored: s must not be redefined while a wgmma is in flight (ptxas
-  // would serialize, C7515), and a copy would not fit the register budget.
-  const uint64_t valid = ss.valid[stage][wg] >> (2 * c);
-  const auto is_valid = [&](int k) { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; };  // s[k]'s slot
-  // The same rounded product in both passes (no FMA contraction): P's exponent logit - reference
-  // is then never above the slack, even where the logits are so large that one rounding step of
-  // the product exceeds it (sm_scale 1e30).
-  const auto logit = [&](int k) { return __fmul_rn(s[k], scale_log2); };
-  float mloc[2] = {-INFINITY, -INFINITY};
+  float mloc[2];
+  if (all_valid) logits.row_max<true>(mloc); else logits.row_max<false>(mloc);
+  bool moved = false;
 #pragma unroll
-  for (int k = 0; k < 32; ++k) {
-    if (is_valid(k)) mloc[(k >> 1) & 1] = fmaxf(mloc[(k >> 1) & 1], logit(k));
+  for (int h = 0; h < 2; ++h) {
+    st.row_max[h] = fmaxf(st.row_max[h], mloc[h]);
+    moved = moved || mloc[h] > st.reference[h] + REFERENCE_SLACK;  // false while mloc is -inf
   }
+  float psum[2];
+  if (!moved) {
+    logits.write_probs(all_valid, st.reference, probs, swz, psum);
+    cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
+  }
+  if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st.row_sum[h] += psum[h];
+    return false;
+  }
+
+  // The exact path: the pair's row maxima, from the 4 threads of a row and both consumers.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
@@ -130,38 +217,20 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
     if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
   }
   named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
-
   // Both consumers derive the same reference and alpha from the same two maxima.
   bool rescale = false;
-  float base[2], alpha[2];
+  float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float mx = fmaxf(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
-    st.row_max[h] = fmaxf(st.row_max[h], mx);
     alpha[h] = 1.f;
     if (mx > st.reference[h] + REFERENCE_SLACK) {  // false while mx is -inf
       alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
       rescale = rescale || st.reference[h] != -INFINITY;
       st.reference[h] = mx;
     }
-    base[h] = st.reference[h] == -INFINITY ? 0.f : st.reference[h];
   }
-  // This thread's 4-byte groups of P: rows 16 warp + g + 8h, slots 16G + 4c .. + 3 (G < 4).
-  const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
-  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
-  float psum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int grp = 0; grp < 4; ++grp) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const auto prob = [&](int k) { return is_valid(k) ? ex2(__fsub_rn(logit(k), base[h])) : 0.f; };
-      const float p0 = prob(8 * grp + 2 * h), p1 = prob(8 * grp + 2 * h + 1);
-      const float p2 = prob(8 * grp + 4 + 2 * h), p3 = prob(8 * grp + 4 + 2 * h + 1);
-      psum[h] += (p0 + p1) + (p2 + p3);
-      const uint32_t packed = to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16);
-      st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), packed);
-    }
-  }
+  logits.write_probs(all_valid, st.reference, probs, swz, psum);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];

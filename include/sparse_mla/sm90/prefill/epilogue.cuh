@@ -1,7 +1,7 @@
 // The consumers' epilogue: full row sums, max_logits and lse, and the bf16 output.
 //
-// Row sums are split between the consumers (each summed its own blocks' P) and across the 4 threads
-// of a row; consumer 0 turns them into the statistics and the per-head output scale, which every
+// Row sums and maxima are split between the consumers (each summed its own blocks' P) and across
+// the 4 threads of a row; consumer 0 turns them into the statistics and the per-head output scale, which every
 // thread then applies to its O^T fragment (dims 2g, 2g + 1 of 16 heads per 64-dim tile).
 #pragma once
 
@@ -27,11 +27,17 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   const int g = lane / 4, c = lane % 4;
 
   float row_sum[2] = {st.row_sum[0], st.row_sum[1]};
+  float row_max[2] = {st.row_max[0], st.row_max[1]};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    if (c == 0) ss.row_sum[wg][16 * warp + g + 8 * h] = row_sum[h];
+    row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
+    row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+    if (c == 0) {
+      ss.row_sum[wg][16 * warp + g + 8 * h] = row_sum[h];
+      ss.row_max[wg][16 * warp + g + 8 * h] = row_max[h];
+    }
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
   if (wg == 0) {
@@ -44,7 +50,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
       if (st.reference[h] != -INFINITY) {
         lse = (st.reference[h] + log2f(sum)) * LN2;
-        mx = st.row_max[h] * LN2;
+        mx = fmaxf(ss.row_max[0][row], ss.row_max[1][row]) * LN2;
         scale = kv_scale / sum;
         if (params.attn_sink != nullptr && row < num_heads) scale *= 1.f / (1.f + expf(params.attn_sink[head] - lse));
       }

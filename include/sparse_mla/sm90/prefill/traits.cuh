@@ -27,15 +27,15 @@ constexpr int PRODUCER_REGS = 40;
 static_assert(2 * CONSUMER_REGS + PRODUCER_REGS <= 3 * ((65536 / NUM_THREADS) / 8 * 8),
               "the warpgroups' registers after setmaxnreg fit in the CTA's launch allocation");
 // The softmax keeps a reference max per head and moves it only when a new logit exceeds it by more
-// than this (log2 units), so O is rescaled rarely; P = 2^(logit - reference) <= 2^8 = 256 stays
-// inside e4m3's range (448).
+// than this (log2 units), so O is rescaled rarely; P = 2^(logit - reference) <= 2^(8 + 1/4) = 304
+// (the 1/4: BlockLogits::write_probs) stays inside e4m3's range (448).
 constexpr float REFERENCE_SLACK = 8.f;
 
 // Named barriers (id 0 is __syncthreads); each spans the 256 consumer threads.
 enum NamedBarrierId : int {
   kRowMaxReady = 1,  // both consumers' block row maxima are in SharedStorage::row_max
   kProbsReady = 2,   // both blocks' P (and alpha) are in shared memory, fenced for wgmma
-  kRowSumReady = 3,  // epilogue: row sums, then output scales, are in shared memory
+  kRowSumReady = 3,  // epilogue: row sums and maxima, then output scales, are in shared memory
 };
 
 // Every operand tile is K-major with the 64-byte swizzle: column blocks of 64 bytes, block b at
@@ -54,7 +54,8 @@ struct SharedStorage {
                                                          // double-buffered: P of pair p + 1 is written
                                                          // while P.V of pair p still reads pair p's
   uint64_t valid[NUM_STAGES][2];                         // bit r: row r of kv[stage][block] is a valid slot
-  float row_max[2][B_H];    // consumer w's block row maxima (log2 units), exchanged every pair
+  float row_max[2][B_H];    // consumer w's row maxima (log2 units): of its block when a reference
+                            // moves, of all its blocks in the epilogue
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
