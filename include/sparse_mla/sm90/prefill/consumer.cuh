@@ -51,11 +51,8 @@ template <int D_QK>
 __device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[32]) {
   constexpr int STEPS = D_QK / 32;
   // Step kk starts at column block kk / 2, byte (kk % 2) * 32 of every row; descriptors count 16 B.
-  uint64_t dq = desc_sw64(smem_addr(ss.q));
-  uint64_t dk = desc_sw64(smem_addr(ss.kv[stage][wg]));
-  // Opaque bases: otherwise ptxas hoists all 2 x STEPS loop-invariant descriptors out of the pair
-  // loop and keeps them in (72) registers.
-  asm volatile("" : "+l"(dq), "+l"(dk));
+  const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
+  const uint32_t dk = desc_sw64_lo(smem_addr(ss.kv[stage][wg]));
   // The first step ignores the accumulators (scale-d 0), but the atom's asm reads them: giving them a
   // value here ends the live range of the previous logits, which would otherwise pin 32 registers.
 #pragma unroll
@@ -63,8 +60,8 @@ __device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stag
   cute::warpgroup_arrive();
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
-    const uint64_t step = static_cast<uint64_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_64x64x32_ss(s, dq + step, dk + step, kk > 0);
+    const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
+    wgmma_64x64x32_ss(s, desc_sw64(dq + step), desc_sw64(dk + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -87,15 +84,14 @@ __device__ __forceinline__ void load_v_fragments(uint32_t tile, uint32_t lane_of
 
 // O^T += V^T . P^T for one block (8 wgmmas, one commit group); `probs` is the block's P tile.
 __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[2][4][4], uint32_t probs) {
-  uint64_t dp = desc_sw64(probs);
-  asm volatile("" : "+l"(dp));  // computed here, not hoisted out of the pair loop into registers
+  const uint32_t dp = desc_sw64_lo(probs);
 #pragma unroll
   for (int i = 0; i < 4; ++i) fence_operands(o[i]);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(o[i], a[ks][i], dp + ((ks * 32) >> 4));
+    for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
   }
   cute::warpgroup_commit_batch();
 }
@@ -170,7 +166,7 @@ struct BlockLogits {
   }
 };
 
-// Online softmax of one pair: logits s (this consumer's block of the pair in `stage`) -> P in
+// Online softmax of one pair: logits s and valid bits of this consumer's block of the pair -> P in
 // probs[buf][wg], running statistics in st. Returns whether O must be rescaled (by alpha[wg]) before
 // the pair's P.V.
 // Fast path: P is written against the current references straight away, without exchanging row
@@ -178,13 +174,12 @@ struct BlockLogits {
 // row's reference by more than the slack. Only then (the first pair of an item, and rarely after)
 // the exact path exchanges the maxima, moves the references and writes P again.
 template <int D_QK>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int buf,
-                                                 float scale_log2, ConsumerState& st) {
-  const int wg = threadIdx.x / 128;
-  const int warp = (threadIdx.x % 128) / 32;
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], uint64_t valid_bits,
+                                                 int buf, float scale_log2, ConsumerState& st) {
+  const int wg = cutlass::canonical_warp_group_idx();  // warp-uniform: kept in a uniform register
+  const int warp = cutlass::canonical_warp_idx_sync() % 4;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  const uint64_t valid_bits = ss.valid[stage][wg];
   const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
   const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
@@ -245,8 +240,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 template <int D_QK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int item_count, ConsumerState& st) {
-  const int wg = threadIdx.x / 128;
-  const int warp = (threadIdx.x % 128) / 32;
+  const int wg = cutlass::canonical_warp_group_idx();  // warp-uniform: kept in a uniform register
+  const int warp = cutlass::canonical_warp_idx_sync() % 4;
   const int lane = threadIdx.x % 32;
   const int c = lane % 4;
 
@@ -275,7 +270,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   issue_qk(ss, pair_base % NUM_STAGES, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs(ss, s, pair_base % NUM_STAGES, 0, scale_log2, st);
+  bool rescale = softmax_to_probs(ss, s, ss.valid[pair_base % NUM_STAGES][wg], 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const int gp = pair_base + pair;
@@ -322,7 +317,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
       ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
-      if (has_next) rescale = softmax_to_probs(ss, s, (gp + 1) % NUM_STAGES, buf ^ 1, scale_log2, st);
+      if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);
       cute::warpgroup_wait<0>();
     }
 #pragma unroll

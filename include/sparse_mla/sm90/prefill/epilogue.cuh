@@ -21,8 +21,8 @@ template <int D_QK>
 __device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
   constexpr float LN2 = 0.6931471805599453f;
-  const int wg = threadIdx.x / 128;
-  const int warp = (threadIdx.x % 128) / 32;
+  const int wg = cutlass::canonical_warp_group_idx();
+  const int warp = cutlass::canonical_warp_idx_sync() % 4;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
 

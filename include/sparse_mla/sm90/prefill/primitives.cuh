@@ -83,14 +83,14 @@ __device__ __forceinline__ uint32_t to_e4m3x2(float lo, float hi) {
   return r;
 }
 
-// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile starting at `addr`.
-__device__ __forceinline__ uint64_t desc_sw64(uint32_t addr) {
-  uint64_t d = static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(1) << 16;         // leading byte offset: unused for swizzled K-major
-  d |= static_cast<uint64_t>(512 >> 4) << 32;  // stride byte offset: 8 rows x 64 B
-  d |= static_cast<uint64_t>(2) << 62;         // 64-byte swizzle
-  return d;
-}
+// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile, in two halves. The low half
+// holds the start address (bits 0-13, in 16-byte units) and the leading byte offset (unused for
+// swizzled K-major: 1); the high half, the same for every tile, the stride byte offset (8 rows x
+// 64 B) and the 64-byte swizzle mode. Stepping through a tile adds to the low half only: start
+// addresses stay below 2^14 units (228 KB), so the add never carries out of its field.
+__device__ __forceinline__ uint32_t desc_sw64_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+constexpr uint32_t DESC_SW64_HI = (512 >> 4) | (2u << 30);
+__device__ __forceinline__ uint64_t desc_sw64(uint32_t lo) { return (static_cast<uint64_t>(DESC_SW64_HI) << 32) | lo; }
 
 #define SPARSE_MLA_ACC32(d)                                                                          \
   d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], \
