@@ -8,7 +8,7 @@
 //          row_max[1]); P_w again; alpha -> alpha[w]; [kProbsReady]
 //   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T
 // Software pipeline (iteration p; the tensor cores always have queued work except around waits):
-//   rescale O (rare); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0) + Q.K^T(p + 1); wait
+//   rescale O (rare); Q.K^T(p + 1); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0); wait
 //   A1 = V^T(block 1 of p); release block 1; P.V(p, block 1)
 //   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait
 // A block is released as soon as its rows are in registers, so the producer refills it early.
@@ -295,6 +295,11 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
         }
       }
     }
+    // The next pair's Q.K^T first: the tensor cores run it while V of block 0 is loaded.
+    if (has_next) {
+      mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
+      issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
+    }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
     mbarrier_wait(&ss.kv_full[stage][1 - wg], phase);
@@ -305,10 +310,6 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
       ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
       issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
-      if (has_next) {
-        mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
-        issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
-      }
       cute::warpgroup_wait<0>();
       fence_operands(s);
     }

@@ -49,10 +49,12 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
       if (st.reference[h] != -INFINITY) {
-        lse = (st.reference[h] + log2f(sum)) * LN2;
+        // Approximate intrinsics (a few ulps; sum is in [1, 2^8.25 * topk]): no slow-path calls.
+        lse = (st.reference[h] + __log2f(sum)) * LN2;
         mx = fmaxf(ss.row_max[0][row], ss.row_max[1][row]) * LN2;
-        scale = kv_scale / sum;
-        if (params.attn_sink != nullptr && row < num_heads) scale *= 1.f / (1.f + expf(params.attn_sink[head] - lse));
+        scale = __fdividef(kv_scale, sum);
+        // A sink of +inf gives 1 / inf = 0: the row's output is zero.
+        if (params.attn_sink != nullptr && row < num_heads) scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
       }
       if (c == 0) {
         ss.out_scale[row] = scale;
@@ -66,27 +68,30 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
 
-  bf16* out_row = params.out + static_cast<int64_t>(q_row) * params.out_stride_s;
+  // Thread's pairs of dims: 2g, 2g + 1 of 64-dim tile i, heads 8j + 2c + e.
   const int dim0 = 256 * wg + 16 * warp + 2 * g;
+  bf16* const base = params.out + static_cast<int64_t>(q_row) * params.out_stride_s +
+                     static_cast<int64_t>(head_begin + 2 * c) * params.out_stride_h + dim0;
+  // Every pair is 4-byte aligned when the tensor and its strides are (dim0 is even): one 4-byte store
+  // per pair, else two 2-byte stores.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
+                         static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float2 scale = *reinterpret_cast<const float2*>(&ss.out_scale[8 * j + 2 * c]);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int row = 8 * j + 2 * c + e;
-      if (row >= num_heads) continue;
+      if (8 * j + 2 * c + e >= num_heads) continue;
       const float sc = e == 0 ? scale.x : scale.y;
-      bf16* dst_row = out_row + static_cast<int64_t>(head_begin + row) * params.out_stride_h + dim0;
-      const bool aligned = (reinterpret_cast<uintptr_t>(dst_row) & 3) == 0;
+      bf16* const dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float v0 = st.o[i][4 * j + e] * sc, v1 = st.o[i][4 * j + 2 + e] * sc;
-        bf16* dst = dst_row + 64 * i;
+        const __nv_bfloat162 v = __floats2bfloat162_rn(st.o[i][4 * j + e] * sc, st.o[i][4 * j + 2 + e] * sc);
         if (aligned) {
-          *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+          *reinterpret_cast<__nv_bfloat162*>(dst + 64 * i) = v;
         } else {
-          dst[0] = __float2bfloat16_rn(v0);
-          dst[1] = __float2bfloat16_rn(v1);
+          dst[64 * i] = v.x;
+          dst[64 * i + 1] = v.y;
         }
       }
     }
