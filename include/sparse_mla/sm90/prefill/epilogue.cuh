@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 
@@ -73,29 +74,32 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   bf16* const base = params.out + static_cast<int64_t>(q_row) * params.out_stride_s +
                      static_cast<int64_t>(head_begin + 2 * c) * params.out_stride_h + dim0;
   // Every pair is 4-byte aligned when the tensor and its strides are (dim0 is even): one 4-byte store
-  // per pair, else two 2-byte stores.
+  // per pair, else two 2-byte stores. One branch per item, not per store.
   const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
+  const auto store = [&](auto aligned_pairs) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float2 scale = *reinterpret_cast<const float2*>(&ss.out_scale[8 * j + 2 * c]);
+    for (int j = 0; j < 8; ++j) {
+      const float2 scale = *reinterpret_cast<const float2*>(&ss.out_scale[8 * j + 2 * c]);
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (8 * j + 2 * c + e >= num_heads) continue;
-      const float sc = e == 0 ? scale.x : scale.y;
-      bf16* const dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
+      for (int e = 0; e < 2; ++e) {
+        if (8 * j + 2 * c + e >= num_heads) continue;
+        const float sc = e == 0 ? scale.x : scale.y;
+        bf16* const dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(st.o[i][4 * j + e] * sc, st.o[i][4 * j + 2 + e] * sc);
-        if (aligned) {
-          *reinterpret_cast<__nv_bfloat162*>(dst + 64 * i) = v;
-        } else {
-          dst[64 * i] = v.x;
-          dst[64 * i + 1] = v.y;
+        for (int i = 0; i < 4; ++i) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(st.o[i][4 * j + e] * sc, st.o[i][4 * j + 2 + e] * sc);
+          if constexpr (decltype(aligned_pairs)::value) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + 64 * i) = v;
+          } else {
+            dst[64 * i] = v.x;
+            dst[64 * i + 1] = v.y;
+          }
         }
       }
     }
-  }
+  };
+  if (aligned) store(std::true_type{}); else store(std::false_type{});
 }
 
 }  // namespace sparse_mla::sm90::prefill
