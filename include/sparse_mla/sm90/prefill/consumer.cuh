@@ -139,14 +139,17 @@ struct BlockLogits {
                                               float (&psum)[2]) const {
     const bool fused = fabsf(reference[0]) <= 0x1p22f && fabsf(reference[1]) <= 0x1p22f;
     if (all_valid) {
-      if (fused) write_probs<true, true>(reference, probs, swz, psum); else write_probs<true, false>(reference, probs, swz, psum);
+      if (fused) write_probs<true, true>(reference, probs, swz, psum);
+      else write_probs<true, false>(reference, probs, swz, psum);
     } else {
-      if (fused) write_probs<false, true>(reference, probs, swz, psum); else write_probs<false, false>(reference, probs, swz, psum);
+      if (fused) write_probs<false, true>(reference, probs, swz, psum);
+      else write_probs<false, false>(reference, probs, swz, psum);
     }
   }
 
   template <bool ALL_VALID, bool FUSED>
-  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz, float (&psum)[2]) const {
+  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz,
+                                              float (&psum)[2]) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float base = reference[h] == -INFINITY ? 0.f : reference[h];  // -inf: no valid slot yet

@@ -1,8 +1,8 @@
 // The consumers' epilogue: full row sums, max_logits and lse, and the bf16 output.
 //
 // Row sums and maxima are split between the consumers (each summed its own blocks' P) and across
-// the 4 threads of a row; consumer 0 turns them into the statistics and the per-head output scale, which every
-// thread then applies to its O^T fragment (dims 2g, 2g + 1 of 16 heads per 64-dim tile).
+// the 4 threads of a row; consumer 0 turns them into the statistics and the per-head output scale,
+// which every thread then applies to its O^T fragment (dims 2g, 2g + 1 of 16 heads per 64-dim tile).
 #pragma once
 
 #include <cmath>
@@ -55,7 +55,9 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
         mx = fmaxf(ss.row_max[0][row], ss.row_max[1][row]) * LN2;
         scale = __fdividef(kv_scale, sum);
         // A sink of +inf gives 1 / inf = 0: the row's output is zero.
-        if (params.attn_sink != nullptr && row < num_heads) scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
+        if (params.attn_sink != nullptr && row < num_heads) {
+          scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
+        }
       }
       if (c == 0) {
         ss.out_scale[row] = scale;
