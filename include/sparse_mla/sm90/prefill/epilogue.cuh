@@ -50,7 +50,8 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
       if (st.reference[h] != -INFINITY) {
-        // Approximate intrinsics (a few ulps; sum is in [1, 2^8.25 * topk]): no slow-path calls.
+        // Approximate intrinsics (a few ulps; sum lies in [2^-1/4, 2^8.25 * topk], the max logit's P
+        // being at least 2^-1/4): no slow-path calls.
         lse = (st.reference[h] + __log2f(sum)) * LN2;
         mx = fmaxf(ss.row_max[0][row], ss.row_max[1][row]) * LN2;
         scale = __fdividef(kv_scale, sum);
