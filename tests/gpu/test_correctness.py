@@ -138,3 +138,34 @@ def test_every_corner_at_once(check_prefill, seed):
         topk_length="random", attn_sink="special", q_strided=True, kv_strided=True,
     )
     check_prefill(inputs, describe(seed, everything=True, **shape))
+
+
+# out views: (extra elements per head row, first element of the view, extra heads per token). The
+# kernel stores pairs of bf16 with one 4-byte store when the view's base and strides keep every pair
+# 4-byte aligned, and with two 2-byte stores otherwise.
+_OUT_VIEWS = {
+    "aligned, padded rows and heads": (64, 0, 3),
+    "base offset by one element": (2, 1, 0),
+    "odd head stride": (1, 0, 0),
+}
+
+
+@pytest.mark.parametrize("view", list(_OUT_VIEWS))
+def test_preallocated_out_views(prefill_fwd, accept, seed, view):
+    """out may be any view with a contiguous last dimension: every element of the view is written,
+    in either store path, and nothing around it."""
+    shape = dict(s_q=37, s_kv=4096, h_q=72, d_qk=576, topk=100)
+    inputs = make_inputs(**shape, seed=seed, topk_length="random")
+    s_q, h_q, d_v = shape["s_q"], shape["h_q"], inputs["d_v"]
+    extra, first, extra_heads = _OUT_VIEWS[view]
+    storage = torch.full((s_q, h_q + extra_heads, d_v + extra), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = storage[:, :h_q, first:first + d_v]
+    buffers = poisoned_outputs(s_q, h_q, d_v, device="cuda")
+    buffers["out"] = out
+    result = prefill_fwd(**inputs, **buffers)
+    context = describe(seed, view=view, **shape)
+    assert result[0] is out, f"{context}: the returned out is not the preallocated view"
+    accept(result, inputs, context)
+    outside = torch.ones(storage.shape, dtype=torch.bool, device="cuda")
+    outside[:, :h_q, first:first + d_v] = False
+    assert storage[outside].isnan().all(), f"{context}: the kernel wrote outside the out view"
