@@ -179,10 +179,7 @@ struct BlockLogits {
 template <int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], uint64_t valid_bits,
                                                  int buf, float scale_log2, ConsumerState& st) {
-  const int wg = cutlass::canonical_warp_group_idx();  // warp-uniform: kept in a uniform register
-  const int warp = cutlass::canonical_warp_idx_sync() % 4;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4;
+  const auto [wg, warp, lane, g, c] = consumer_thread();
   const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
   const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
@@ -243,10 +240,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 template <int D_QK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int item_count, ConsumerState& st) {
-  const int wg = cutlass::canonical_warp_group_idx();  // warp-uniform: kept in a uniform register
-  const int warp = cutlass::canonical_warp_idx_sync() % 4;
-  const int lane = threadIdx.x % 32;
-  const int c = lane % 4;
+  const auto [wg, warp, lane, g, c] = consumer_thread();
 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

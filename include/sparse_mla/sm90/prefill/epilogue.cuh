@@ -22,10 +22,8 @@ template <int D_QK>
 __device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
   constexpr float LN2 = 0.6931471805599453f;
-  const int wg = cutlass::canonical_warp_group_idx();
-  const int warp = cutlass::canonical_warp_idx_sync() % 4;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4;
+  const ConsumerThread thread = consumer_thread();  // named fields: the store lambda below captures c
+  const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
 
   float row_sum[2] = {st.row_sum[0], st.row_sum[1]};
   float row_max[2] = {st.row_max[0], st.row_max[1]};

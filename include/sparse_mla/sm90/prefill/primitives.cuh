@@ -19,6 +19,18 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// A consumer thread's place: its warpgroup and warp in it, taken from lane 0 so that ptxas knows them
+// warp-uniform and keeps them in uniform registers (recomputing them from threadIdx inside the pair
+// loop costs an S2R each time), its lane, and the fragment coordinates g = lane / 4, c = lane % 4.
+struct ConsumerThread {
+  int wg, warp, lane, g, c;
+};
+
+__device__ __forceinline__ ConsumerThread consumer_thread() {
+  const int lane = threadIdx.x % 32;
+  return {cutlass::canonical_warp_group_idx(), cutlass::canonical_warp_idx_sync() % 4, lane, lane / 4, lane % 4};
+}
+
 // Waits for the phase with parity `phase` of an mbarrier; later shared-memory accesses stay after it.
 __device__ __forceinline__ void mbarrier_wait(const uint64_t* bar, uint32_t phase) {
   ClusterBarrier::wait(bar, phase);
