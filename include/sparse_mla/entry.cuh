@@ -91,14 +91,18 @@ inline void check_aligned_rows(const ffi::TensorView& t, const char* name) {
 
 // q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
 // q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
-// out [s_q, h_q, 512] bf16; max_logits, lse [s_q, h_q] f32. Launches on the stream tvm-ffi took
-// from torch (the caller's current stream).
+// out [s_q, h_q, 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
+// items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
+// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
+// of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
+// None. Launches on the stream tvm-ffi took from torch (the caller's current stream).
 template <int D_QK, int TOPK>
 void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  ffi::TensorView q_scale, ffi::TensorView kv_scale,
                  ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
                  ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
-                 double sm_scale) {
+                 double sm_scale, int64_t split_begin, int64_t split_parts,
+                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters) {
   using detail::check_tensor;
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
@@ -123,12 +127,29 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
     detail::check_contiguous(*topk_length, "topk_length");
   }
-  // The kernel counts work items (query token, 64-head block) in int, with room for its CTA stride.
+  // The kernel counts work items (query token, 64-head block) and units in int, with room for its
+  // CTA stride.
   constexpr int64_t kMaxItems = INT32_MAX - (1 << 20);
   const int64_t items = s_q * ((h_q + 63) / 64);
   if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || h_q > INT32_MAX || items > kMaxItems) {
     TVM_FFI_THROW(ValueError) << "shape out of the supported domain: s_q " << s_q << ", h_q " << h_q
                               << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << kMaxItems << ")";
+  }
+  using sm90::prefill::MAX_SPLIT_PARTS;
+  using sm90::prefill::PART_FLOATS;
+  const int64_t split_items = items - split_begin;
+  const bool split = split_parts > 1;
+  if (split_parts < 1 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 0 ||
+      (!split && split_items != 0) || split_workspace.has_value() != split || split_counters.has_value() != split ||
+      split_begin + split_items * split_parts > kMaxItems) {
+    TVM_FFI_THROW(ValueError) << "inconsistent tail split: split_begin " << split_begin << ", split_parts "
+                              << split_parts << " for " << items << " work items";
+  }
+  if (split) {
+    check_tensor(*split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
+    detail::check_contiguous(*split_workspace, "split_workspace");
+    check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
+    detail::check_contiguous(*split_counters, "split_counters");
   }
   detail::check_aligned_rows(q, "q");
   detail::check_aligned_rows(kv, "kv");
@@ -160,6 +181,10 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.lse = detail::data_of<float>(lse);
   params.lse_stride_s = lse.stride(0);
   params.lse_stride_h = lse.stride(1);
+  params.split_begin = static_cast<int>(split_begin);
+  params.split_parts = static_cast<int>(split_parts);
+  params.split_workspace = split ? detail::data_of<float>(*split_workspace) : nullptr;
+  params.split_counters = split ? detail::data_of<int32_t>(*split_counters) : nullptr;
 
   ffi::CUDADeviceGuard device_guard(device.device_id);
   auto stream =

@@ -43,6 +43,15 @@ struct PrefillParams {
   float* lse;                // [s_q, h_q]; natural log, +inf for a row with no valid slot
   int64_t lse_stride_s;
   int64_t lse_stride_h;
+
+  // Tail split (sm90/prefill/split.cuh): the work items from `split_begin` on (the last, partial
+  // round of the persistent CTAs) are each cut into `split_parts` ranges of topk that run on
+  // different CTAs; the CTA that finishes an item's last part merges the parts. split_parts == 1:
+  // no split, and the two pointers are unused.
+  int split_begin;             // first split work item, in [0, s_q * ceil(h_q / 64)]
+  int split_parts;             // parts per split item, 1 .. 4
+  float* split_workspace;      // [items - split_begin, split_parts, PART_FLOATS] fp32 partial states
+  int32_t* split_counters;     // [items - split_begin], zero at launch: parts of each item finished
 };
 
 }  // namespace sparse_mla

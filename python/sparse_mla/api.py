@@ -124,6 +124,45 @@ def _check_hopper(device: torch.device) -> None:
         )
 
 
+# The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh): floats of one part's state in the
+# workspace (256 consumer threads x (128 O^T values + 4 row statistics) + 64 head references), at most
+# 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so that a part's work stays
+# well above the cost of merging it, and at most 8 rounds of items: beyond, the last round is a small
+# share of the call and the split's fixed costs (the kernel that zeroes the counters, the merges)
+# outweigh what it saves.
+SPLIT_PART_FLOATS = 256 * 128 + 256 * 4 + 64
+_MAX_SPLIT_PARTS = 4
+_MIN_SPLIT_SLOTS = 256
+_MAX_SPLIT_ROUNDS = 8
+
+
+def _split_plan(items: int, num_sms: int, topk: int) -> tuple[int, int]:
+    """Which work items to cut into parts, as ``(split_begin, split_parts)``.
+
+    The kernel runs one CTA per SM, each taking every num_sms-th work item (a query token and a block of
+    64 heads), so the last round holds ``tail`` items and leaves the other SMs idle. When the tail is at
+    most half a round, each of its items is cut into ``parts`` ranges of topk (as many as fill the round,
+    within the limits above) that run side by side and are merged. ``(items, 1)`` means no split.
+    """
+    tail = items - (items - 1) // num_sms * num_sms  # items of the last round, 1..num_sms
+    parts = min(_MAX_SPLIT_PARTS, num_sms // tail, topk // _MIN_SPLIT_SLOTS)
+    if items == 0 or parts < 2 or items > _MAX_SPLIT_ROUNDS * num_sms:
+        return items, 1
+    return items - tail, parts
+
+
+# SM count per device index, read once (the split plan needs it on every call).
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _NUM_SMS.get(index)
+    if count is None:
+        count = _NUM_SMS.setdefault(index, torch.cuda.get_device_properties(index).multi_processor_count)
+    return count
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel_key(d_qk: int, topk: int) -> KernelKey:
     return KernelKey(d_qk=d_qk, topk=topk)  # built once per shape: the call path only looks it up
@@ -134,6 +173,15 @@ def _launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_
         return  # s_q = 0: empty outputs, nothing to launch
     _check_hopper(q.device)
     module = get_module(_kernel_key(q.shape[2], indices.shape[2]))
+    s_q, h_q, _ = q.shape
+    items = s_q * ((h_q + 63) // 64)
+    split_begin, split_parts = _split_plan(items, _num_sms(q.device), indices.shape[2])
+    workspace = counters = None
+    if split_parts > 1:
+        # Per call, from torch's caching allocator on the current stream: concurrent calls on other
+        # streams and CUDA graph replays each get their own (the counters must start at zero).
+        workspace = q.new_empty((items - split_begin, split_parts, SPLIT_PART_FLOATS), dtype=torch.float32)
+        counters = q.new_zeros((items - split_begin,), dtype=torch.int32)
     getattr(module, ENTRY_FUNCTION)(
         q,
         kv,
@@ -146,6 +194,10 @@ def _launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_
         max_logits,
         lse,
         sm_scale,
+        split_begin,
+        split_parts,
+        workspace,
+        counters,
     )
 
 

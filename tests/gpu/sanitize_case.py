@@ -6,7 +6,8 @@
   stage of the topk loop, both buffers of every ring), d_qk 576, h_q 72 (two head blocks, the second
   one masked past head 72), hostile indices (-1, s_kv, INT32_MAX, INT32_MIN) in a quarter of the
   slots, NaN KV rows behind invalid slots, a row with no valid slot, topk_length of 0, negative,
-  past topk and in between, and sinks of +-inf, +-1e30 and finite values; s_q 6.
+  past topk and in between, and sinks of +-inf, +-1e30 and finite values; s_q 6, so the 12 work
+  items (token, head block) are each cut into 4 parts that are merged (the tail split).
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.

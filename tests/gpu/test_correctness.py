@@ -169,3 +169,37 @@ def test_preallocated_out_views(prefill_fwd, accept, seed, view):
     outside = torch.ones(storage.shape, dtype=torch.bool, device="cuda")
     outside[:, :h_q, first:first + d_v] = False
     assert storage[outside].isnan().all(), f"{context}: the kernel wrote outside the out view"
+
+
+def _split_shape(parts: int, h_q: int) -> int:
+    """s_q whose last round of work items (query token, 64-head block) is cut into `parts` parts on
+    this GPU: one full round of items, then a tail of num_sms // parts items."""
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    head_blocks = (h_q + 63) // 64
+    return (num_sms + num_sms // parts) // head_blocks
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("d_qk, topk, h_q", [(576, 2048, 64), (512, 512, 128)])
+def test_tail_split(check_prefill, prefill_fwd, seed, parts, d_qk, topk, h_q):
+    """The last round's items cut into parts on idle SMs and merged (include/sparse_mla/sm90/prefill/
+    split.cuh): every corner that empties a part or a row, and the same bits on every run whichever
+    part finishes last."""
+    from sparse_mla.api import _num_sms, _split_plan
+
+    s_q = _split_shape(parts, h_q)
+    items = s_q * ((h_q + 63) // 64)
+    split_begin, split_parts = _split_plan(items, _num_sms(torch.device("cuda")), topk)
+    assert split_parts >= 2 and split_begin < items, f"s_q {s_q} does not split on this GPU"
+    shape = dict(s_q=s_q, s_kv=8192, h_q=h_q, d_qk=d_qk, topk=topk)
+    context = describe(seed, parts=split_parts, **shape)
+    check_prefill(make_inputs(**shape, seed=seed), context, benchmark=True)
+    inputs = make_inputs(
+        **shape, seed=seed, invalid="hostile", all_invalid_rows=5, topk_length="random", attn_sink="random",
+    )
+    first = check_prefill(inputs, f"{context} hostile, topk_length, attn_sink")
+    for run in range(3):
+        again = prefill_fwd(**inputs)
+        for name, a, b in zip(("out", "max_logits", "lse"), first, again):
+            bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(a.view(bits), b.view(bits)), f"{context}: {name} of run {run + 2} differs in its bits"

@@ -131,7 +131,8 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
     def call(**changes):
         args = dict(q=inputs["q"], kv=inputs["kv"], indices=inputs["indices"], q_scale=inputs["q_scale"],
                     kv_scale=inputs["kv_scale"], attn_sink=None, topk_length=None, out=out,
-                    max_logits=stats[0], lse=stats[1], sm_scale=0.04)
+                    max_logits=stats[0], lse=stats[1], sm_scale=0.04, split_begin=8, split_parts=1,
+                    split_workspace=None, split_counters=None)
         args.update(changes)
         module.prefill_fwd(*args.values())
 
@@ -147,6 +148,15 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(out=out[:, :, :256], indices=indices)
     with pytest.raises(ValueError, match="indices must be contiguous"):
         call(indices=inputs["indices"][:, :, :64])
+    # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout.
+    counters = torch.zeros(8, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="inconsistent tail split"):
+        call(indices=indices, split_begin=0, split_parts=2)  # no workspace
+    with pytest.raises(ValueError, match="inconsistent tail split"):
+        call(indices=indices, split_begin=4, split_parts=1)  # unsplit items past split_begin
+    with pytest.raises(ValueError, match=r"split_workspace.shape\[2\] must be 33856"):
+        call(indices=indices, split_begin=0, split_parts=2,
+             split_workspace=torch.empty(8, 2, 1000, device="cuda"), split_counters=counters)
     torch.cuda.synchronize()  # nothing was launched with bad arguments, the context is healthy
 
 

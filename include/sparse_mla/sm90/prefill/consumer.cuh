@@ -174,7 +174,7 @@ struct BlockLogits {
 // the pair's P.V.
 // Fast path: P is written against the current references straight away, without exchanging row
 // maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
-// row's reference by more than the slack. Only then (the first pair of an item, and rarely after)
+// row's reference by more than the slack. Only then (the first pair of a unit, and rarely after)
 // the exact path exchanges the maxima, moves the references and writes P again.
 template <int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], uint64_t valid_bits,
@@ -235,11 +235,11 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
 }
 
-// One work item's pairs. `pair_base` counts the pairs of the CTA's earlier items (it sets stages and
-// mbarrier phases), `item_count` the items (the phase of q_full).
+// One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (it sets stages and
+// mbarrier phases), `unit_count` the units (the phase of q_full).
 template <int D_QK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
-                                                      int pair_base, int item_count, ConsumerState& st) {
+                                                      int pair_base, int unit_count, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
 
 #pragma unroll
@@ -253,7 +253,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     st.row_max[h] = -INFINITY;
     st.row_sum[h] = 0.f;
   }
-  mbarrier_wait(&ss.q_full, item_count & 1);
+  mbarrier_wait(&ss.q_full, unit_count & 1);
   if (n_pairs == 0) {
     ClusterBarrier::arrive(&ss.q_empty);
     return;
@@ -275,8 +275,8 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     const uint32_t phase = (gp / NUM_STAGES) & 1;
     const int buf = pair % 2;
     const bool has_next = pair + 1 < n_pairs;
-    // The item's last Q.K^T completed in the previous iteration (or before the loop): Q may be
-    // replaced by the next item's.
+    // The unit's last Q.K^T completed in the previous iteration (or before the loop): Q may be
+    // replaced by the next unit's.
     if (!has_next) ClusterBarrier::arrive(&ss.q_empty);
 
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten

@@ -16,11 +16,12 @@
 #include <sparse_mla/sm90/prefill/epilogue.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/producer.cuh>
+#include <sparse_mla/sm90/prefill/split.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
 
-// Grid: one CTA per SM at most; each CTA walks its work items (traits.cuh, WorkItem).
+// Grid: one CTA per SM at most; each CTA walks its work units (traits.cuh, WorkItem).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -33,7 +34,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   const int head_blocks = (params.h_q + B_H - 1) / B_H;
-  const int n_items = params.s_q * head_blocks;  // the launch checks that this fits an int
+  // The launch checks that the units fit an int.
+  const int n_units = static_cast<int>(num_work_units(params, static_cast<int64_t>(params.s_q) * head_blocks));
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, 128);
@@ -51,18 +53,19 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
-    run_producer<D_QK, TOPK>(params, ss, head_blocks, n_items);
+    run_producer<D_QK, TOPK>(params, ss, head_blocks, n_units);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = static_cast<float>(static_cast<double>(params.sm_scale) * static_cast<double>(*params.q_scale) *
                                                 static_cast<double>(*params.kv_scale) * 1.4426950408889634);
     int pair_base = 0;
-    for (int item = blockIdx.x, item_count = 0; item < n_items; item += gridDim.x, ++item_count) {
-      const WorkItem w = work_item<TOPK>(item, head_blocks, params.h_q, params.topk_length);
+    for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
+      const WorkItem w = work_unit<TOPK>(unit, params, head_blocks);
       ConsumerState st;
-      run_consumer_mainloop<D_QK>(ss, scale_log2, w.n_pairs, pair_base, item_count, st);
-      store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
+      run_consumer_mainloop<D_QK>(ss, scale_log2, w.n_pairs, pair_base, unit_count, st);
       pair_base += w.n_pairs;
+      if (unit >= params.split_begin && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
+      store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
     }
   }
 #endif

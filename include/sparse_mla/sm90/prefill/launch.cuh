@@ -9,7 +9,8 @@
 
 namespace sparse_mla::sm90 {
 
-// Launches on `stream`; params.s_q > 0, params.topk == TOPK and s_q * ceil(h_q / 64) <= INT32_MAX.
+// Launches on `stream`; params.s_q > 0, params.topk == TOPK, the split fields consistent (entry.cuh)
+// and the work units (traits.cuh) fit an int.
 // Returns the launch error; never synchronizes.
 template <int D_QK, int TOPK>
 cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
@@ -24,7 +25,8 @@ cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
   const int64_t items = static_cast<int64_t>(params.s_q) * ((params.h_q + prefill::B_H - 1) / prefill::B_H);
-  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));
+  const int64_t units = prefill::num_work_units(params, items);
+  const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
   kernel<<<grid, prefill::NUM_THREADS, smem_bytes, stream>>>(params);
   return cudaGetLastError();
 }

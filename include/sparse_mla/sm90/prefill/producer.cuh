@@ -1,4 +1,4 @@
-// The producer warpgroup: for each work item of the CTA, loads its Q tile, then gathers the KV rows
+// The producer warpgroup: for each work unit of the CTA, loads its Q tile, then gathers the KV rows
 // of every pair of blocks into a stage, NUM_STAGES pairs ahead of the consumers at most.
 //
 // Each of the 128 threads moves rows r and r + 32 of a 64-row tile (r = thread / 4), 16-byte chunks
@@ -18,7 +18,7 @@ namespace sparse_mla::sm90::prefill {
 
 template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
-                                             int n_items) {
+                                             int n_units) {
   constexpr int ROW_CHUNKS = D_QK / 64;  // 16-byte chunks of a row moved by one thread
   constexpr int BLOCK_STRIDE = B_TOPK * 64;  // bytes between 64-byte column blocks of a tile
   const int t = threadIdx.x - NUM_CONSUMER_THREADS;
@@ -31,14 +31,14 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
 
   const uint8_t* kv = reinterpret_cast<const uint8_t*>(params.kv);
   const int s_kv = params.s_kv;
-  int pair_base = 0;  // pairs of earlier items: stages and phases continue across items
-  for (int item = blockIdx.x, item_count = 0; item < n_items; item += gridDim.x, ++item_count) {
-    const WorkItem w = work_item<TOPK>(item, head_blocks, params.h_q, params.topk_length);
+  int pair_base = 0;  // pairs of earlier units: stages and phases continue across units
+  for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
+    const WorkItem w = work_unit<TOPK>(unit, params, head_blocks);
     const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
     const int n_slots = w.n_slots, n_pairs = w.n_pairs;
-    // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous item is done.
+    // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
     {
-      if (item_count > 0) mbarrier_wait(&ss.q_empty, (item_count - 1) & 1);
+      if (unit_count > 0) mbarrier_wait(&ss.q_empty, (unit_count - 1) & 1);
       const uint32_t q_tile = smem_addr(ss.q);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -51,7 +51,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
       cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_full);
     }
 
-    const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK;
+    const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK + w.slot_begin;
     auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
 
     int32_t index[2][2];  // [block of the pair][row k]

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include <sparse_mla/params.cuh>
+
 namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
@@ -36,6 +38,7 @@ enum NamedBarrierId : int {
   kRowMaxReady = 1,  // both consumers' block row maxima are in SharedStorage::row_max
   kProbsReady = 2,   // both blocks' P (and alpha) are in shared memory, fenced for wgmma
   kRowSumReady = 3,  // epilogue: row sums and maxima, then output scales, are in shared memory
+  kSplitMerge = 4,   // split.cuh: this part is published; then, whether this CTA merges the item
 };
 
 // Every operand tile is K-major with the 64-byte swizzle: column blocks of 64 bytes, block b at
@@ -59,6 +62,7 @@ struct SharedStorage {
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
+  int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work item landed (128 producer arrivals)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work item is done (256 arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
@@ -73,26 +77,51 @@ constexpr int KV_FULL_ARRIVALS = 128 + 4;
 // reads are released to the producer (an arrival by one lane would release only that lane's).
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 
-// One work item: a query token and a block of up to B_H of its heads. A CTA processes the items
-// blockIdx.x, blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next item's Q
-// and first blocks while the consumers finish the current one (no CTA launch or pipeline fill
-// between items). Both head blocks of a token are neighbouring items: they run at the same time on
-// neighbouring CTAs and gather the same rows, the second from L2.
+// One work item: a query token and a block of up to B_H of its heads. Work units are what the CTAs
+// walk: unit u is item u, except in the tail split (split.cuh), where each item from split_begin on
+// is cut into split_parts units, each a range of its pairs. A CTA processes the units blockIdx.x,
+// blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next unit's Q and first
+// blocks while the consumers finish the current one (no CTA launch or pipeline fill between units).
+// Both head blocks of a token are neighbouring items: they run at the same time on neighbouring
+// CTAs and gather the same rows, the second from L2.
 struct WorkItem {
+  int item;        // the (token, head block) index
   int q_row;
   int head_begin;
-  int num_heads;  // heads of this block that exist (the tile's other rows are zero and not stored)
-  int n_slots;    // slots of the row that can be valid: min(topk_length, topk) or topk
-  int n_pairs;    // pairs of B_TOPK-row blocks covering n_slots
+  int num_heads;   // heads of this block that exist (the tile's other rows are zero and not stored)
+  int part;        // which part of a split item this unit is; 0 when the item is not split
+  int slot_begin;  // the unit's first slot (a multiple of 2 * B_TOPK)
+  int n_slots;     // slots of the unit that can be valid: from slot_begin to min(topk_length, topk)
+  int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
 };
 
+__host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params, int64_t n_items) {
+  return params.split_begin + (n_items - params.split_begin) * params.split_parts;
+}
+
+// The divisions of the split (a dependent chain of a few hundred cycles between two units) run for
+// split units only.
 template <int TOPK>
-__device__ __forceinline__ WorkItem work_item(int item, int head_blocks, int h_q, const int32_t* topk_length) {
+__device__ __forceinline__ WorkItem work_unit(int unit, const PrefillParams& params, int head_blocks) {
+  constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
+  if (unit >= params.split_begin) {
+    const int parts = params.split_parts;
+    item = params.split_begin + (unit - params.split_begin) / parts;
+    part = unit - params.split_begin - (item - params.split_begin) * parts;
+    pair_begin = part * ITEM_PAIRS / parts;
+    pair_end = (part + 1) * ITEM_PAIRS / parts;
+  }
   WorkItem w;
+  w.item = item;
   w.q_row = item / head_blocks;
-  w.head_begin = (item % head_blocks) * B_H;
-  w.num_heads = min(B_H, h_q - w.head_begin);
-  w.n_slots = topk_length == nullptr ? TOPK : min(max(__ldg(topk_length + w.q_row), 0), TOPK);
+  w.head_begin = (item - w.q_row * head_blocks) * B_H;
+  w.num_heads = min(B_H, params.h_q - w.head_begin);
+  w.part = part;
+  const int item_slots =
+      params.topk_length == nullptr ? TOPK : min(max(__ldg(params.topk_length + w.q_row), 0), TOPK);
+  w.slot_begin = pair_begin * 2 * B_TOPK;
+  w.n_slots = max(min(item_slots, pair_end * 2 * B_TOPK) - w.slot_begin, 0);
   w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
   return w;
 }

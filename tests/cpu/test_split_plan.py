@@ -1,0 +1,48 @@
+"""The tail split's plan: which work items the kernel cuts into parts, and into how many.
+
+The kernel runs one persistent CTA per SM; the plan may only cut the items of the last, partial round
+of at most 8, into parts that fit the round beside each other, each of at least 256 slots, at most 4 per
+item.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sparse_mla.api import _split_plan
+
+
+@pytest.mark.parametrize(
+    "items, num_sms, topk, plan",
+    [
+        (437, 132, 2048, (396, 3)),  # s_q 437 at h_q 64: 41 items in the 4th round, 3 parts each
+        (1, 132, 2048, (0, 4)),      # one item: 4 parts (the limit)
+        (66, 132, 2048, (0, 2)),     # half a round: 2 parts fill it
+        (67, 132, 2048, (67, 1)),    # more than half a round: no split
+        (132, 132, 2048, (132, 1)),  # full rounds: no split
+        (990, 132, 2048, (924, 2)),   # 8 rounds: the most that split
+        (1100, 132, 2048, (1100, 1)),  # 9 rounds: the last is a small share of the call
+        (8192, 132, 2048, (8192, 1)),
+        (437, 132, 512, (396, 2)),   # topk 512: 2 parts of 256 slots at most
+        (437, 132, 256, (437, 1)),   # topk 256: a part would hold fewer than 256 slots
+        (0, 132, 2048, (0, 1)),
+    ],
+)
+def test_examples(items, num_sms, topk, plan):
+    assert _split_plan(items, num_sms, topk) == plan
+
+
+def test_every_plan_cuts_only_the_last_round_into_parts_that_fit_it():
+    for num_sms in (1, 2, 78, 114, 132):
+        for topk in (1, 64, 255, 256, 511, 512, 1024, 2048, 4096):
+            for items in range(0, 10 * num_sms + 2):
+                split_begin, parts = _split_plan(items, num_sms, topk)
+                context = f"items {items}, num_sms {num_sms}, topk {topk}: plan {(split_begin, parts)}"
+                if parts == 1:
+                    assert split_begin == items, context
+                    continue
+                tail = items - split_begin
+                assert 2 <= parts <= 4 and topk // parts >= 256, context
+                assert split_begin % num_sms == 0 and 0 < tail and tail * parts <= num_sms, context
+                # never a split when the last round is more than half full, or past 8 rounds
+                assert 2 * tail <= num_sms and items <= 8 * num_sms, context
