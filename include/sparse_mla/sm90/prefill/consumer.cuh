@@ -105,29 +105,6 @@ struct BlockLogits {
   // s[k]'s slot is valid (k = 4j + 2h + e).
   __device__ __forceinline__ bool is_valid(int k) const { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; }
 
-  // The max logit of this thread's valid slots of head rows g, g + 8 (-inf where none). It is taken
-  // over the raw accumulators: the rounded product with one scale is monotone (decreasing when the
-  // scale is negative), so this is the max of the rounded logits, for 32 fewer multiplies.
-  template <bool ALL_VALID>
-  __device__ __forceinline__ void row_max(float (&m)[2]) const {
-    float r[2];
-    if (scale_log2 < 0.f) raw_extremes<ALL_VALID, true>(r); else raw_extremes<ALL_VALID, false>(r);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) m[h] = fabsf(r[h]) == INFINITY ? -INFINITY : __fmul_rn(r[h], scale_log2);
-  }
-
-  // The min (MIN) or max of the raw accumulators of this thread's valid slots per head row (+-inf
-  // where none: an accumulator of finite e4m3 products is finite).
-  template <bool ALL_VALID, bool MIN>
-  __device__ __forceinline__ void raw_extremes(float (&r)[2]) const {
-    r[0] = r[1] = MIN ? INFINITY : -INFINITY;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      float& x = r[(k >> 1) & 1];
-      if (ALL_VALID || is_valid(k)) x = MIN ? fminf(x, s[k]) : fmaxf(x, s[k]);
-    }
-  }
-
   // P = 2^(logit - reference) as e4m3 into this thread's 4-byte groups of its P tile (rows
   // 16 warp + g + 8h, slots 16G + 4c .. + 3 for G < 4, in the P.V K order); returns the row sums of
   // the unrounded P.
@@ -136,35 +113,40 @@ struct BlockLogits {
   // |reference| <= 2^22 that is at most 1/4, and P <= 2^(REFERENCE_SLACK + 1/4) stays in e4m3's
   // range. Beyond (absurd scales) P is taken from the rounded logits, as the max was.
   __device__ __forceinline__ void write_probs(bool all_valid, const float (&reference)[2], uint32_t probs, int swz,
-                                              float (&psum)[2]) const {
+                                              float (&psum)[2], float (&mloc)[2]) const {
     const bool fused = fabsf(reference[0]) <= 0x1p22f && fabsf(reference[1]) <= 0x1p22f;
     if (all_valid) {
-      if (fused) write_probs<true, true>(reference, probs, swz, psum);
-      else write_probs<true, false>(reference, probs, swz, psum);
+      if (fused) write_probs<true, true>(reference, probs, swz, psum, mloc);
+      else write_probs<true, false>(reference, probs, swz, psum, mloc);
     } else {
-      if (fused) write_probs<false, true>(reference, probs, swz, psum);
-      else write_probs<false, false>(reference, probs, swz, psum);
+      if (fused) write_probs<false, true>(reference, probs, swz, psum, mloc);
+      else write_probs<false, false>(reference, probs, swz, psum, mloc);
     }
   }
 
   template <bool ALL_VALID, bool FUSED>
-  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz,
-                                              float (&psum)[2]) const {
+  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz, float (&psum)[2],
+                                              float (&mloc)[2]) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float base = reference[h] == -INFINITY ? 0.f : reference[h];  // -inf: no valid slot yet
+      const auto logit = [&](int k) { return ALL_VALID || is_valid(k) ? __fmul_rn(s[k], scale_log2) : -INFINITY; };
       const auto prob = [&](int k) {
         if (!ALL_VALID && !is_valid(k)) return 0.f;
         return ex2(FUSED ? fmaf(s[k], scale_log2, -base) : __fsub_rn(__fmul_rn(s[k], scale_log2), base));
       };
       psum[h] = 0.f;
+      float m = -INFINITY;
 #pragma unroll
       for (int grp = 0; grp < 4; ++grp) {
-        const float p0 = prob(8 * grp + 2 * h), p1 = prob(8 * grp + 2 * h + 1);
-        const float p2 = prob(8 * grp + 4 + 2 * h), p3 = prob(8 * grp + 4 + 2 * h + 1);
+        const int k0 = 8 * grp + 2 * h, k2 = 8 * grp + 4 + 2 * h;
+        const float p0 = prob(k0), p1 = prob(k0 + 1), p2 = prob(k2), p3 = prob(k2 + 1);
         psum[h] += (p0 + p1) + (p2 + p3);
         st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16));
+        // A tree per group: the chain to the row max is 6 deep, not 16.
+        m = fmaxf(m, fmaxf(fmaxf(logit(k0), logit(k0 + 1)), fmaxf(logit(k2), logit(k2 + 1))));
       }
+      mloc[h] = m;
     }
   }
 };
@@ -185,18 +167,15 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
   const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
 
-  float mloc[2];
-  if (all_valid) logits.row_max<true>(mloc); else logits.row_max<false>(mloc);
+  // P against the current references, and in the same pass the max of this thread's (rounded) logits.
+  float mloc[2], psum[2];
+  logits.write_probs(all_valid, st.reference, probs, swz, psum, mloc);
+  cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_max[h] = fmaxf(st.row_max[h], mloc[h]);
     moved = moved || mloc[h] > st.reference[h] + REFERENCE_SLACK;  // false while mloc is -inf
-  }
-  float psum[2];
-  if (!moved) {
-    logits.write_probs(all_valid, st.reference, probs, swz, psum);
-    cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   }
   if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
 #pragma unroll
@@ -225,7 +204,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
       st.reference[h] = mx;
     }
   }
-  logits.write_probs(all_valid, st.reference, probs, swz, psum);
+  float unused[2];
+  logits.write_probs(all_valid, st.reference, probs, swz, psum, unused);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
