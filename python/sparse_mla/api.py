@@ -72,7 +72,9 @@ def sparse_mla_q8kv8_prefill_fwd(
     The kernel for each (d_qk, topk) is compiled on its first call (several seconds, announced on
     stderr) and cached on disk; ``sparse_mla.warmup(d_qk, topk)`` loads it at startup instead, and
     ``python -m sparse_mla prebuild`` compiles it ahead of time. The call does not synchronize the
-    device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile.
+    device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile. A short call
+    (at most 8 rounds of 64-head work items over the SMs) takes a scratch workspace of at most 135 KB
+    per SM from torch's caching allocator on the current stream.
     """
     validate_prefill_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse
