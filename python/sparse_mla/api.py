@@ -180,8 +180,9 @@ def _launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_
     split_begin, split_parts = _split_plan(items, _num_sms(q.device), indices.shape[2])
     workspace = counters = None
     if split_parts > 1:
-        # Per call, from torch's caching allocator on the current stream: concurrent calls on other
-        # streams and CUDA graph replays each get their own (the counters must start at zero).
+        # Per call, from torch's caching allocator on the current stream: a concurrent call on another
+        # stream gets its own, and a CUDA graph captures the zeroing of the counters with the launch,
+        # so every replay starts from zero.
         workspace = q.new_empty((items - split_begin, split_parts, SPLIT_PART_FLOATS), dtype=torch.float32)
         counters = q.new_zeros((items - split_begin,), dtype=torch.int32)
     getattr(module, ENTRY_FUNCTION)(

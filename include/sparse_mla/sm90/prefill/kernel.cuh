@@ -21,7 +21,7 @@
 
 namespace sparse_mla::sm90::prefill {
 
-// Grid: one CTA per SM at most; each CTA walks its work units (traits.cuh, WorkItem).
+// Grid: one CTA per SM at most; each CTA walks its work units (traits.cuh, WorkUnit).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   const int head_blocks = (params.h_q + B_H - 1) / B_H;
-  // The launch checks that the units fit an int.
+  // entry.cuh checks that the units fit an int.
   const int n_units = static_cast<int>(num_work_units(params, static_cast<int64_t>(params.s_q) * head_blocks));
 
   if (threadIdx.x == 0) {
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
                                                 static_cast<double>(*params.kv_scale) * 1.4426950408889634);
     int pair_base = 0;
     for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
-      const WorkItem w = work_unit<TOPK>(unit, params, head_blocks);
+      const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
       ConsumerState st;
       run_consumer_mainloop<D_QK>(ss, scale_log2, w.n_pairs, pair_base, unit_count, st);
       pair_base += w.n_pairs;

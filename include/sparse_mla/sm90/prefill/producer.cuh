@@ -33,7 +33,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
   const int s_kv = params.s_kv;
   int pair_base = 0;  // pairs of earlier units: stages and phases continue across units
   for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
-    const WorkItem w = work_unit<TOPK>(unit, params, head_blocks);
+    const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
     const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
     const int n_slots = w.n_slots, n_pairs = w.n_pairs;
     // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.

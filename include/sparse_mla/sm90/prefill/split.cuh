@@ -1,8 +1,9 @@
 // The tail split: the last, partial round of work items cut into parts that fill the idle CTAs.
 //
 // With one CTA per SM walking the work items in rounds of gridDim.x, s_q = 437 at h_q 64 runs 4
-// rounds for 3.3 rounds of work. The launch (Python's split plan) cuts each item of the last round
-// into split_parts ranges of its pairs, each a work unit on another CTA (traits.cuh, work_unit).
+// rounds for 3.3 rounds of work. The split plan (`_split_plan`, python/sparse_mla/api.py) cuts each
+// item of the last round into split_parts ranges of its pairs, each a work unit on another CTA
+// (traits.cuh, work_unit).
 // Every part publishes its softmax state (unnormalized O^T, row sums and maxima, references) to a
 // workspace; the CTA that finishes an item's last part (a per-item counter) merges all parts in
 // part order, so the result does not depend on which part finished last, and stores the outputs.
@@ -32,7 +33,7 @@ constexpr int MAX_SPLIT_PARTS = 4;
 // only; the CTA's earlier part of another item never shares a counter with this one.
 template <int D_QK>
 __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, SharedStorage<D_QK>& ss,
-                                                  ConsumerState& st, const WorkItem& w) {
+                                                  ConsumerState& st, const WorkUnit& w) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
   const int t = threadIdx.x;
   const int parts = params.split_parts;

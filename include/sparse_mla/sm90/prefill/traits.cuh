@@ -1,11 +1,11 @@
 // Tile sizes, thread roles, register budgets and the shared-memory plan of the SM90 prefill kernel.
 //
 // Work decomposition: one work item per (query token, block of B_H = 64 heads), walked by persistent
-// CTAs (WorkItem below); 3 warpgroups.
+// CTAs as work units (WorkUnit below); 3 warpgroups.
 //   WG0, WG1 (consumers)  Q.K^T, online softmax and P.V. topk is walked in pairs of B_TOPK = 64-row
 //                         blocks: WG w computes the logits of block w of the pair (all 64 heads), and
 //                         owns output columns [256w, 256w + 256) of both blocks' P.V.
-//   WG2 (producer)        loads each item's Q, then gathers the KV rows of each pair into a stage.
+//   WG2 (producer)        loads each unit's Q, then gathers the KV rows of each pair into a stage.
 // The producer runs NUM_STAGES pairs ahead of the consumers at most; stages are handed over with
 // mbarriers per block (kv_full: rows landed; kv_empty: both consumers finished reading them).
 #pragma once
@@ -63,8 +63,8 @@ struct SharedStorage {
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
-  uint64_t q_full;                       // Q of the CTA's current work item landed (128 producer arrivals)
-  uint64_t q_empty;                      // the consumers' last Q.K^T of the work item is done (256 arrivals)
+  uint64_t q_full;                       // Q of the CTA's current work unit landed (128 producer arrivals)
+  uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done (256 arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (256 arrivals)
@@ -77,14 +77,14 @@ constexpr int KV_FULL_ARRIVALS = 128 + 4;
 // reads are released to the producer (an arrival by one lane would release only that lane's).
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 
-// One work item: a query token and a block of up to B_H of its heads. Work units are what the CTAs
-// walk: unit u is item u, except in the tail split (split.cuh), where each item from split_begin on
-// is cut into split_parts units, each a range of its pairs. A CTA processes the units blockIdx.x,
+// A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
+// takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from
+// split_begin on is cut into split_parts units, each a range of its pairs. A CTA processes the units blockIdx.x,
 // blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next unit's Q and first
 // blocks while the consumers finish the current one (no CTA launch or pipeline fill between units).
 // Both head blocks of a token are neighbouring items: they run at the same time on neighbouring
 // CTAs and gather the same rows, the second from L2.
-struct WorkItem {
+struct WorkUnit {
   int item;        // the (token, head block) index
   int q_row;
   int head_begin;
@@ -99,10 +99,9 @@ __host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& 
   return params.split_begin + (n_items - params.split_begin) * params.split_parts;
 }
 
-// The divisions of the split (a dependent chain of a few hundred cycles between two units) run for
-// split units only.
+// The split's runtime divisions (on the path between two units) run for split units only.
 template <int TOPK>
-__device__ __forceinline__ WorkItem work_unit(int unit, const PrefillParams& params, int head_blocks) {
+__device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
   int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
   if (unit >= params.split_begin) {
@@ -112,7 +111,7 @@ __device__ __forceinline__ WorkItem work_unit(int unit, const PrefillParams& par
     pair_begin = part * ITEM_PAIRS / parts;
     pair_end = (part + 1) * ITEM_PAIRS / parts;
   }
-  WorkItem w;
+  WorkUnit w;
   w.item = item;
   w.q_row = item / head_blocks;
   w.head_begin = (item - w.q_row * head_blocks) * B_H;
