@@ -49,10 +49,19 @@ def test_runs_on_the_callers_stream(prefill_fwd, accept, seed):
     accept(allocated, inputs, f"{context}, side stream, library-allocated outputs", ref=ref, model=model)
 
 
+# Whole work items, and a call short enough that its items are cut into parts (the tail split: a
+# workspace and zeroed counters allocated inside the call, include/sparse_mla/sm90/prefill/split.cuh).
+_GRAPH_SHAPES = {
+    "whole items": dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64),
+    "tail split": dict(s_q=16, s_kv=4096, h_q=64, d_qk=576, topk=2048),
+}
+
+
 @pytest.mark.parametrize("preallocate", [True, False])
-def test_cuda_graph_capture_and_replay(prefill_fwd, accept, seed, preallocate):
+@pytest.mark.parametrize("kind", list(_GRAPH_SHAPES))
+def test_cuda_graph_capture_and_replay(prefill_fwd, accept, seed, preallocate, kind):
     """Capture once, then replay with new values in every captured input (scales included)."""
-    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+    shape = _GRAPH_SHAPES[kind]
     options = dict(invalid="hostile", topk_length="random", attn_sink="random")
     static = make_inputs(**shape, seed=seed, **options)
     buffers = poisoned_outputs(shape["s_q"], shape["h_q"], 512) if preallocate else {}
@@ -80,8 +89,9 @@ def test_cuda_graph_capture_and_replay(prefill_fwd, accept, seed, preallocate):
 
 @pytest.mark.parametrize("preallocate", [True, False])
 @pytest.mark.parametrize("fullgraph", [True, False])
-def test_torch_compile(prefill_fwd, accept, seed, fullgraph, preallocate):
-    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+@pytest.mark.parametrize("kind", list(_GRAPH_SHAPES))
+def test_torch_compile(prefill_fwd, accept, seed, fullgraph, preallocate, kind):
+    shape = _GRAPH_SHAPES[kind]
     torch.compiler.reset()
 
     def attention(inputs: dict, buffers: dict):
