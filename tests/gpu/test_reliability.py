@@ -148,13 +148,16 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(out=out[:, :, :256], indices=indices)
     with pytest.raises(ValueError, match="indices must be contiguous"):
         call(indices=inputs["indices"][:, :, :64])
-    # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout.
+    # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout,
+    # the one the Python side allocates.
+    from sparse_mla.api import SPLIT_PART_FLOATS
+
     counters = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="inconsistent tail split"):
         call(indices=indices, split_begin=0, split_parts=2)  # no workspace
     with pytest.raises(ValueError, match="inconsistent tail split"):
         call(indices=indices, split_begin=4, split_parts=1)  # unsplit items past split_begin
-    with pytest.raises(ValueError, match=r"split_workspace.shape\[2\] must be 33856"):
+    with pytest.raises(ValueError, match=rf"split_workspace.shape\[2\] must be {SPLIT_PART_FLOATS},"):
         call(indices=indices, split_begin=0, split_parts=2,
              split_workspace=torch.empty(8, 2, 1000, device="cuda"), split_counters=counters)
     torch.cuda.synchronize()  # nothing was launched with bad arguments, the context is healthy
