@@ -113,7 +113,8 @@ def _named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length) -> 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
 
 
-def _check_hopper(device: torch.device) -> None:
+def _check_hopper(device: torch.device) -> int:
+    """Raises unless ``device`` is an SM90 GPU; returns its index."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     capability = _CAPABILITY.get(index)
     if capability is None:
@@ -124,6 +125,7 @@ def _check_hopper(device: torch.device) -> None:
             f"sparse_mla needs an SM90 (Hopper: H100/H200/H800/H20) GPU; q is on cuda:{index}, "
             f"{name}, compute capability {capability[0]}.{capability[1]}"
         )
+    return index
 
 
 # The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh): floats of one part's state in the
@@ -157,8 +159,7 @@ def _split_plan(items: int, num_sms: int, topk: int) -> tuple[int, int]:
 _NUM_SMS: dict[int, int] = {}
 
 
-def _num_sms(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _num_sms(index: int) -> int:
     count = _NUM_SMS.get(index)
     if count is None:
         count = _NUM_SMS.setdefault(index, torch.cuda.get_device_properties(index).multi_processor_count)
@@ -173,11 +174,11 @@ def _kernel_key(d_qk: int, topk: int) -> KernelKey:
 def _launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale):
     if q.shape[0] == 0:
         return  # s_q = 0: empty outputs, nothing to launch
-    _check_hopper(q.device)
+    device_index = _check_hopper(q.device)
     module = get_module(_kernel_key(q.shape[2], indices.shape[2]))
     s_q, h_q, _ = q.shape
     items = s_q * ((h_q + 63) // 64)
-    split_begin, split_parts = _split_plan(items, _num_sms(q.device), indices.shape[2])
+    split_begin, split_parts = _split_plan(items, _num_sms(device_index), indices.shape[2])
     workspace = counters = None
     if split_parts > 1:
         # Per call, from torch's caching allocator on the current stream: a concurrent call on another

@@ -174,7 +174,9 @@ def test_preallocated_out_views(prefill_fwd, accept, seed, view):
 def _split_shape(parts: int, h_q: int) -> int:
     """s_q whose last round of work items (query token, 64-head block) is cut into `parts` parts on
     this GPU: one full round of items, then a tail of num_sms // parts items."""
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    from sparse_mla.api import _num_sms
+
+    num_sms = _num_sms(torch.cuda.current_device())
     head_blocks = (h_q + 63) // 64
     return (num_sms + num_sms // parts) // head_blocks
 
@@ -189,7 +191,7 @@ def test_tail_split(check_prefill, prefill_fwd, seed, parts, d_qk, topk, h_q):
 
     s_q = _split_shape(parts, h_q)
     items = s_q * ((h_q + 63) // 64)
-    split_begin, split_parts = _split_plan(items, _num_sms(torch.device("cuda")), topk)
+    split_begin, split_parts = _split_plan(items, _num_sms(torch.cuda.current_device()), topk)
     assert split_parts >= 2 and split_begin < items, f"s_q {s_q} does not split on this GPU"
     shape = dict(s_q=s_q, s_kv=8192, h_q=h_q, d_qk=d_qk, topk=topk)
     context = describe(seed, parts=split_parts, **shape)
