@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   const int head_blocks = (params.h_q + B_H - 1) / B_H;
   // entry.cuh checks that the units fit an int.
-  const int n_units = static_cast<int>(num_work_units(params, static_cast<int64_t>(params.s_q) * head_blocks));
+  const int n_units = static_cast<int>(num_work_units(params));
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, 128);

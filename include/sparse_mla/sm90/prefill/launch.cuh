@@ -24,8 +24,7 @@ cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
   int device = 0, sms = 0;
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-  const int64_t items = static_cast<int64_t>(params.s_q) * ((params.h_q + prefill::B_H - 1) / prefill::B_H);
-  const int64_t units = prefill::num_work_units(params, items);
+  const int64_t units = prefill::num_work_units(params);
   const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
   kernel<<<grid, prefill::NUM_THREADS, smem_bytes, stream>>>(params);
   return cudaGetLastError();

@@ -95,8 +95,10 @@ struct WorkUnit {
   int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
 };
 
-__host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params, int64_t n_items) {
-  return params.split_begin + (n_items - params.split_begin) * params.split_parts;
+// Work items: (query token, 64-head block) pairs; work units: the items, the split ones counted per part.
+__host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params) {
+  const int64_t items = static_cast<int64_t>(params.s_q) * ((params.h_q + B_H - 1) / B_H);
+  return params.split_begin + (items - params.split_begin) * params.split_parts;
 }
 
 // The split's runtime divisions (on the path between two units) run for split units only.
