@@ -1,5 +1,5 @@
 // How fast do the kernel's wgmma shapes run, alone and beside each other, and what do they do to
-// shared-memory stores and ldmatrix loads issued beside them? (benchmarks/NOTES.md, Experiment 25.)
+// shared-memory stores and ldmatrix loads issued beside them? (benchmarks/NOTES.md, Experiment 27.)
 //
 // One CTA per SM, two warpgroups. Each warpgroup runs one load (Load below) for a fixed window of
 // cycles and counts what it completed; its 4 warps agree on when the window ends (a bar.red.or per
@@ -43,6 +43,8 @@ struct Count {
   unsigned long long cycles, steps, latency;  // window actually run; steps completed; sum of step latencies
 };
 
+// clock64 read after `dependency` is available: the value feeds the read's predicate, so ptxas cannot
+// hoist the read above the work that produced it.
 __device__ __forceinline__ unsigned long long clock_after(uint32_t dependency) {
   unsigned long long t;
   asm volatile(
