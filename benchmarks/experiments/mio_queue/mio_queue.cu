@@ -23,6 +23,8 @@
 
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 
+#include "../clock_after.cuh"
+
 namespace p = sparse_mla::sm90::prefill;
 
 constexpr int TILE = 64 * 576;  // one gathered block (or Q) of the kernel, e4m3
@@ -32,18 +34,6 @@ constexpr int REPEAT = 8;       // warpgroup 1 repeats its load, so that it outl
 struct Timings {
   unsigned long long alu, store, bursts, busy;  // per burst (alu, store); all bursts; warpgroup 1's load
 };
-
-// clock64 read after `dependency` is available: the value feeds the read's predicate, so ptxas cannot
-// hoist the read above the work that produced it (checked in the SASS).
-__device__ __forceinline__ unsigned long long clock_after(uint32_t dependency) {
-  unsigned long long t;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0x7fc00001;\nmov.u64 %0, 0;\n@p mov.u64 %0, %%clock64;\n}\n"
-      : "=l"(t)
-      : "r"(dependency)
-      : "memory");
-  return t;
-}
 
 __device__ __forceinline__ void issue_qk(uint32_t q, uint32_t k, float (&s)[32], int steps) {
   cute::warpgroup_arrive();

@@ -20,6 +20,8 @@
 
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 
+#include "../clock_after.cuh"
+
 namespace p = sparse_mla::sm90::prefill;
 
 constexpr int TILE = 64 * 576;              // one gathered block (or Q), e4m3
@@ -42,18 +44,6 @@ constexpr int kUnits[] = {0, 18, 18, 8, 8, 1, 1};
 struct Count {
   unsigned long long cycles, steps, latency;  // window actually run; steps completed; sum of step latencies
 };
-
-// clock64 read after `dependency` is available: the value feeds the read's predicate, so ptxas cannot
-// hoist the read above the work that produced it.
-__device__ __forceinline__ unsigned long long clock_after(uint32_t dependency) {
-  unsigned long long t;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0x7fc00001;\nmov.u64 %0, 0;\n@p mov.u64 %0, %%clock64;\n}\n"
-      : "=l"(t)
-      : "r"(dependency)
-      : "memory");
-  return t;
-}
 
 __device__ __forceinline__ void wgmma_64x128x32_ss(float (&d)[64], uint64_t da, uint64_t db) {
   cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>::fma(
