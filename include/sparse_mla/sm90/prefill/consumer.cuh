@@ -217,10 +217,11 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 
 // One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (it sets stages and
 // mbarrier phases), `unit_count` the units (the phase of q_full).
-template <int D_QK>
+template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int unit_count, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
+  constexpr bool ONE_BLOCK = one_block_tile<TOPK>();  // block 1 of every pair is empty and never read
 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -244,7 +245,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
 
   float s[32];
   mbarrier_wait(&ss.kv_full[pair_base % NUM_STAGES][wg], (pair_base / NUM_STAGES) & 1);
-  issue_qk(ss, pair_base % NUM_STAGES, wg, s);
+  if (!ONE_BLOCK || wg == 0) issue_qk(ss, pair_base % NUM_STAGES, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
   bool rescale = softmax_to_probs(ss, s, ss.valid[pair_base % NUM_STAGES][wg], 0, scale_log2, st);
@@ -275,7 +276,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     // The next pair's Q.K^T first: the tensor cores run it while V of block 0 is loaded.
     if (has_next) {
       mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
-      issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
+      if (!ONE_BLOCK || wg == 0) issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
@@ -290,11 +291,15 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       cute::warpgroup_wait<0>();
       fence_operands(s);
     }
-    {
+    if constexpr (ONE_BLOCK) {
+      ClusterBarrier::arrive(&ss.kv_empty[stage][1]);
+    } else {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
       ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
+    }
+    {
       if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);
       cute::warpgroup_wait<0>();
     }

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
       const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
       ConsumerState st;
-      run_consumer_mainloop<D_QK>(ss, scale_log2, w.n_pairs, pair_base, unit_count, st);
+      run_consumer_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, pair_base, unit_count, st);
       pair_base += w.n_pairs;
       if (unit >= params.split_begin && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
       store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);

@@ -79,6 +79,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
         for (int k = 0; k < 2; ++k) {
           valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
           const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
+          if (one_block_tile<TOPK>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
 #pragma unroll
           for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
         }

@@ -21,6 +21,10 @@ constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one bloc
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
 constexpr int NUM_CONSUMER_THREADS = 256;
 constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + 128;
+// topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
+// gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0.
+template <int TOPK>
+constexpr bool one_block_tile() { return TOPK <= B_TOPK; }
 // setmaxnreg budgets: 2 x 232 + 40 = 504 = 3 x 168, the registers the CTA is launched with
 // (__launch_bounds__(384, 1) caps a thread at 168); setmaxnreg.inc waits forever if the producer
 // did not free what the consumers take.
