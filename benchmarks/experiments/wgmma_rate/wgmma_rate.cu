@@ -50,7 +50,7 @@ constexpr const char* kNames[] = {"idle", "SS m64n64k32 x18", "SS m64n128k32 x18
                                   "ldmatrix.trans x8", "8 STS + fence + bar", "8 STS + bar", "RS K-chunks 6 x3",
                                   "RS K 18 at once", "RS m64n256k32 x4", "pair, today",
                                   "pair, transposed tile"};
-// Units per completed step: wgmmas, ldmatrix.x4 instructions, bursts.
+// Units per completed step: wgmmas, ldmatrix.x4 instructions, bursts, pairs.
 constexpr int kUnits[] = {0, 18, 18, 8, 8, 1, 1, 18, 18, 4, 1, 1};
 
 struct Count {
@@ -292,7 +292,7 @@ void run(int sms) {
       std::printf(" %28s |", "");
       continue;
     }
-    // Per unit: cycles per wgmma / ldmatrix; for the store bursts, the mean latency of one burst.
+    // Per unit: cycles per wgmma / ldmatrix / pair; for the store bursts, the mean latency of one burst.
     const bool burst = loads[w] == kStoreFence || loads[w] == kStore;
     const double per_unit = burst ? latency / steps : cycles / (steps * kUnits[loads[w]]);
     const char* unit = burst ? "burst" : loads[w] == kLdmatrix ? "ldmatrix" : loads[w] >= kPairToday ? "pair" : "wgmma";

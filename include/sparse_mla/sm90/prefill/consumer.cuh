@@ -299,10 +299,8 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    {
-      if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);
-      cute::warpgroup_wait<0>();
-    }
+    if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);
+    cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
   }
