@@ -30,6 +30,7 @@ from sparse_mla.jit.key import KernelKey
 
 KEY = KernelKey(576, 2048)
 TESTS_CPU = str(Path(__file__).parent)
+SOURCE_TREE = str(Path(__file__).resolve().parents[2] / "python")
 NOBODY = 65534
 
 
@@ -235,7 +236,9 @@ def shared_dir():
 def as_nobody(script: str, **variables: str) -> subprocess.CompletedProcess:
     argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", script]
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("SPARSE_MLA_", "FAKE_JIT_"))}
-    environment.update(variables, HOME="/nonexistent")
+    # The package from the checkout: the interpreter's own site-packages may lie in a home folder this
+    # user cannot enter (a pyenv under /root), where the installed copy is out of its reach.
+    environment.update(variables, HOME="/nonexistent", PYTHONPATH=SOURCE_TREE)
     return subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=120)
 
 
