@@ -245,6 +245,8 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
 
   float s[32];
   mbarrier_wait(&ss.kv_full[pair_base % NUM_STAGES][wg], (pair_base / NUM_STAGES) & 1);
+  // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
+  // masks each of its logits before using it, whatever s holds.
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, pair_base % NUM_STAGES, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
