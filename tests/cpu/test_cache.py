@@ -5,6 +5,7 @@ disabled-JIT switch, compiles and waits announced on stderr, the public warm-up.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import multiprocessing
@@ -26,6 +27,7 @@ import sparse_mla
 import sparse_mla.jit
 from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, ToolchainError
 from sparse_mla.jit import build as build_module
+from sparse_mla.jit import store
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.store import KEY_FILE, read_intact
 from sparse_mla.jit.key import KernelKey
@@ -370,6 +372,31 @@ def test_a_process_waiting_for_another_ones_build_says_whose_and_how_long(cache_
     assert lines[0].startswith(f"sparse_mla: waiting for the build of {KEY.name} held by {holder} (lock "), lines
     assert re.fullmatch(rf"sparse_mla: waited \d+\.\d s for the build of {KEY.name}", lines[1]) and len(lines) == 2, lines
     assert builder_stderr.startswith(COMPILING) and len(builds(cache_root)) == 1
+
+
+
+def test_a_waiter_that_arrives_before_the_holder_wrote_its_name_still_names_it(tmp_path, caplog):
+    # The holder takes the lock, then writes its name: a waiter in between finds the file empty.
+    entry = tmp_path / "sparse_mla_prefill_dqk576_topk2048_sm90a" / "0123456789abcdef"
+    entry.parent.mkdir()
+    holder_file = open(store.lock_path(entry), "a+")
+    fcntl.flock(holder_file.fileno(), fcntl.LOCK_EX)
+
+    def name_then_release():
+        time.sleep(0.1)
+        holder_file.write("pid 4242 on builder-host")
+        holder_file.flush()
+        time.sleep(0.2)
+        holder_file.truncate(0)
+        holder_file.close()  # releases the lock
+
+    holder = threading.Thread(target=name_then_release)
+    holder.start()
+    with caplog.at_level(logging.INFO, logger="sparse_mla"), store.entry_lock(entry, "the key"):
+        pass
+    holder.join()
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages[0].startswith("sparse_mla: waiting for the build of the key held by pid 4242 on builder-host (lock "), messages
 
 
 # ---- the public warm-up -------------------------------------------------------------------------

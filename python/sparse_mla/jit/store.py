@@ -286,11 +286,25 @@ def reap_leftovers(key_dir: Path, digest16: str) -> None:
 
 # ---- locks --------------------------------------------------------------------------------------------
 
+HOLDER_WAIT_SECONDS = 0.5  # far longer than a holder takes from its lock to its name
 _UNLOCKED_WARNING = threading.Event()  # set once the process warned that locks are unavailable
 
 
 def lock_path(entry_dir: Path) -> Path:
     return entry_dir.parent / f".{entry_dir.name}.lock"
+
+
+def _read_holder(handle) -> str:
+    """The name the lock's holder wrote in the lock file. The holder writes it just after taking the
+    lock, so a waiter that arrives in between finds the file empty: it reads again for up to
+    HOLDER_WAIT_SECONDS before it settles for "another process" (a holder that cannot write the file)."""
+    deadline = time.monotonic() + HOLDER_WAIT_SECONDS
+    while True:
+        handle.seek(0)
+        holder = handle.read().strip()
+        if holder or time.monotonic() > deadline:
+            return holder or "another process"
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -306,8 +320,7 @@ def entry_lock(entry_dir: Path, what: str):
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = _read_holder(handle)
             logger.info("sparse_mla: waiting for the build of %s held by %s (lock %s) ...", what, holder, path)
             start = time.perf_counter()
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, also on a crash
