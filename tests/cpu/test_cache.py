@@ -374,7 +374,6 @@ def test_a_process_waiting_for_another_ones_build_says_whose_and_how_long(cache_
     assert builder_stderr.startswith(COMPILING) and len(builds(cache_root)) == 1
 
 
-
 def test_a_waiter_that_arrives_before_the_holder_wrote_its_name_still_names_it(tmp_path, caplog):
     # The holder takes the lock, then writes its name: a waiter in between finds the file empty.
     entry = tmp_path / "sparse_mla_prefill_dqk576_topk2048_sm90a" / "0123456789abcdef"
