@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw);
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
-  const int head_blocks = (params.h_q + B_H - 1) / B_H;
+  const int head_blocks = num_head_blocks(params);
   // entry.cuh checks that the units fit an int.
   const int n_units = static_cast<int>(num_work_units(params));
 

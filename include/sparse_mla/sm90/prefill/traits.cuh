@@ -99,9 +99,12 @@ struct WorkUnit {
   int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
 };
 
+// Blocks of B_H heads per query token.
+__host__ __device__ __forceinline__ int num_head_blocks(const PrefillParams& params) { return (params.h_q + B_H - 1) / B_H; }
+
 // Work items: (query token, 64-head block) pairs; work units: the items, the split ones counted per part.
 __host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params) {
-  const int64_t items = static_cast<int64_t>(params.s_q) * ((params.h_q + B_H - 1) / B_H);
+  const int64_t items = static_cast<int64_t>(params.s_q) * num_head_blocks(params);
   return params.split_begin + (items - params.split_begin) * params.split_parts;
 }
 
