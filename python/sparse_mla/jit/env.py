@@ -1,7 +1,7 @@
 """Environment: where the cache lives, which switches are set, where the toolchain and headers are.
 
-Read when a kernel is looked up (a miss in the in-process memo), never on the per-call path, and
-never with a subprocess: a cache hit must not start one.
+Read when a kernel is looked up (a miss in the in-process memo), never with a subprocess: a cache hit
+must not start one. The one switch read on every call is ``SPARSE_MLA_BATCH_INVARIANT`` (a dict lookup).
 
 | variable | meaning |
 | --- | --- |
@@ -10,6 +10,7 @@ never with a subprocess: a cache hit must not start one.
 | ``SPARSE_MLA_TRUSTED_DIRS`` | cache roots trusted although other users may write them (see :mod:`sparse_mla.jit.entry`) |
 | ``SPARSE_MLA_DISABLE_JIT=1`` | a cache miss raises :class:`~sparse_mla.errors.JITDisabledError` instead of compiling |
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
+| ``SPARSE_MLA_BATCH_INVARIANT=1`` | every call runs in the batch-invariant mode (``batch_invariant=True``, see :mod:`sparse_mla.api`) unless it passes ``batch_invariant=False`` |
 | ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``) |
 | ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
 """
@@ -39,6 +40,11 @@ def jit_disabled() -> bool:
 
 def verbose() -> bool:
     return _flag("SPARSE_MLA_JIT_VERBOSE")
+
+
+def batch_invariant() -> bool:
+    """The default of ``batch_invariant`` for calls that do not pass it."""
+    return _flag("SPARSE_MLA_BATCH_INVARIANT")
 
 
 def source_checkout_root() -> Path | None:
