@@ -10,6 +10,8 @@ also checked against the reference on its first 16 query rows, so a number from 
     python benchmarks/bench.py --indices realistic-glm      # indexer-like overlap between neighbours
     python benchmarks/bench.py --incumbent .incumbent/sglang_q8kv8.so   # side by side, ratio per row
     python benchmarks/bench.py --plot benchmarks/results/bench-uniform-20261130-120000.json
+    python benchmarks/bench.py --from benchmarks/results/bench-uniform-20261130-120000.json   # compare a saved run
+    python benchmarks/bench.py --incumbent .incumbent/sglang_q8kv8.so --save-baseline        # a new baseline
 
 ``--incumbent`` loads a tvm-ffi build of the incumbent FP8 kernel (sglang's SM90 Q8KV8 sparse prefill,
 its ``dispatch`` function) and times it on the same inputs in alternating rounds with ours, so the
@@ -20,6 +22,13 @@ ratio is measured under the same clocks; each row then records ``incumbent_tflop
 Writes ``bench-<indices>-<date>.json`` (GPU, date, commit, torch version, every row) and, where
 matplotlib is installed, a ``.png`` bar chart next to it, under ``--out`` (default benchmarks/results/).
 ``--plot`` redraws the chart from a JSON file on any machine with matplotlib.
+
+Every run ends with its change against the baseline, ``benchmarks/results/baseline.json`` (``--baseline``):
+main's numbers per table (one per ``--indices`` pattern), row by row, our TFLOPS and, where both runs
+timed the incumbent, the ratio. Absolute TFLOPS move 5-15% between GPU leases; the ratio, measured under
+the same clocks, is the number to compare. ``--save-baseline`` writes the run's table into the baseline
+(the other tables stay) and its chart beside it as ``baseline-<indices>.png``; ``--from JSON`` compares
+(or, with ``--save-baseline``, saves) a run measured earlier, without a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -48,6 +58,7 @@ from sparse_mla.testing import (
 )
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+BASELINE = RESULTS_DIR / "baseline.json"
 CHECK_ROWS = 16
 
 # The incumbents measured on one H200 (2026-11-30, in their own runs; `--incumbent` measures side by side): (s_q, s_kv, h_q, d_qk, topk, sglang Q8KV8, FlashMLA bf16, target) TFLOPS.
@@ -80,6 +91,12 @@ def parse_args() -> argparse.Namespace:
                         help="tvm-ffi module of the incumbent kernel to time side by side")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternating timing rounds of ours and the incumbent (medians averaged)")
+    parser.add_argument("--baseline", type=pathlib.Path, default=BASELINE, metavar="JSON",
+                        help="the baseline the run is compared with (default: %(default)s)")
+    parser.add_argument("--save-baseline", action="store_true",
+                        help="write this run's table into --baseline, and its chart beside it")
+    parser.add_argument("--from", dest="from_json", type=pathlib.Path, metavar="JSON",
+                        help="do not measure: compare (or with --save-baseline, save) a run's JSON file")
     return parser.parse_args()
 
 
@@ -190,6 +207,122 @@ def plot(result: dict, path: pathlib.Path) -> bool:
     plt.close(figure)
     return True
 
+# ---- the baseline: main's numbers per table, and a run's change against them ----------------------------
+
+BASELINE_ABOUT = ("main's numbers per table (--indices pattern), which every bench.py run is compared with; "
+                  "written by `python benchmarks/bench.py ... --save-baseline`")
+SHAPE_FIELDS = ("s_q", "s_kv", "h_q", "d_qk", "topk")
+# What a baseline row keeps of a run's row (the rest is the run's own detail: reference tables, overlap).
+BASELINE_FIELDS = SHAPE_FIELDS + ("ms", "tflops", "incumbent_ms", "incumbent_tflops", "ratio_vs_incumbent",
+                                  "out_rel_err", "lse_rel_err", "max_logits_rel_err")
+
+
+def shape_of(row: dict) -> tuple:
+    return tuple(row[name] for name in SHAPE_FIELDS)
+
+
+def run_command(result: dict) -> str:
+    """The command line that measured ``result``: as recorded, else rebuilt from its fields."""
+    if result.get("command"):
+        return result["command"]
+    words = ["python", "benchmarks/bench.py"]
+    if result["indices"] != "uniform":
+        words += ["--indices", result["indices"]]
+    if result["rows"] and "incumbent_tflops" in result["rows"][0]:
+        named = re.search(r"incumbent (\S+) timed", result.get("protocol", ""))
+        words += ["--incumbent", named.group(1) if named else "INCUMBENT.so"]
+    return " ".join(words)
+
+
+def baseline_table(result: dict, source: str | None = None) -> dict:
+    """The baseline entry of one run: where and how it was measured, and its rows' lean fields."""
+    table = {name: result[name] for name in ("gpu", "date", "commit", "torch", "protocol") if name in result}
+    table["command"] = run_command(result)
+    if source is not None:
+        table["source"] = source
+    table["rows"] = [{name: row[name] for name in BASELINE_FIELDS if name in row} for row in result["rows"]]
+    return table
+
+
+def with_table(baseline: dict | None, indices: str, table: dict) -> dict:
+    """``baseline`` with its table for ``indices`` replaced by ``table`` (the other tables kept)."""
+    tables = dict((baseline or {}).get("tables", {}))
+    tables[indices] = table
+    return {"about": BASELINE_ABOUT, "tables": dict(sorted(tables.items()))}
+
+
+def compare_to_baseline(rows: list[dict], table: dict) -> list[dict]:
+    """Per row of a run, its TFLOPS and ratio against the baseline row of the same shape.
+
+    ``change`` and ``ratio_change`` are fractions (0.02 is 2% faster); None where the baseline has no
+    row of that shape, or one of the two runs did not time the incumbent.
+    """
+    base_rows = {shape_of(row): row for row in table.get("rows", [])}
+    compared = []
+    for row in rows:
+        base = base_rows.get(shape_of(row))
+        entry = dict(zip(SHAPE_FIELDS, shape_of(row)), tflops=row["tflops"], base_tflops=None, change=None,
+                     ratio=row.get("ratio_vs_incumbent"), base_ratio=None, ratio_change=None)
+        if base is not None:
+            entry["base_tflops"] = base["tflops"]
+            entry["change"] = row["tflops"] / base["tflops"] - 1
+            entry["base_ratio"] = base.get("ratio_vs_incumbent")
+            if entry["ratio"] is not None and entry["base_ratio"] is not None:
+                entry["ratio_change"] = entry["ratio"] / entry["base_ratio"] - 1
+        compared.append(entry)
+    return compared
+
+
+def format_comparison(compared: list[dict], table: dict) -> str:
+    """The comparison as a table, one line per row of the run."""
+    def number(value, spec):
+        return format(value, spec) if value is not None else "-"
+
+    def percent(value):
+        return f"{100 * value:+.1f}%" if value is not None else "-"
+
+    header = (f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} {'d_qk':>4} {'topk':>5} | {'TFLOPS':>6} {'base':>6} {'change':>7} | "
+              f"{'ratio':>5} {'base':>5} {'change':>7}")
+    lines = [f"against the baseline (commit {table.get('commit', '?')}, {table.get('gpu', '?')}, {table.get('date', '?')}):",
+             header, "-" * len(header)]
+    for c in compared:
+        lines.append(f"{c['s_q']:>5} {c['s_kv']:>6} {c['h_q']:>4} {c['d_qk']:>4} {c['topk']:>5} | "
+                     f"{c['tflops']:>6.0f} {number(c['base_tflops'], '>6.0f')} {percent(c['change']):>7} | "
+                     f"{number(c['ratio'], '>5.2f')} {number(c['base_ratio'], '>5.2f')} {percent(c['ratio_change']):>7}")
+    return "\n".join(lines)
+
+
+def print_comparison(result: dict, path: pathlib.Path) -> None:
+    if not path.is_file():
+        print(f"\nno baseline at {path}: --save-baseline writes one")
+        return
+    table = json.loads(path.read_text()).get("tables", {}).get(result["indices"])
+    if table is None:
+        print(f"\n{path} has no {result['indices']} table: --save-baseline adds it")
+        return
+    print()
+    print(format_comparison(compare_to_baseline(result["rows"], table), table))
+
+
+def save_baseline(result: dict, path: pathlib.Path, source: str | None) -> None:
+    """Writes ``result``'s table into the baseline file and its chart beside it."""
+    baseline = json.loads(path.read_text()) if path.is_file() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(with_table(baseline, result["indices"], baseline_table(result, source)), indent=2) + "\n")
+    print(f"wrote the {result['indices']} table of {path}")
+    png = path.parent / f"baseline-{result['indices']}.png"
+    if plot(result, png):
+        print(f"wrote {png}")
+    else:
+        print(f"matplotlib is not installed: {png} was not redrawn")
+
+
+def _relative_to_baseline(run: pathlib.Path, baseline: pathlib.Path) -> str:
+    try:
+        return run.resolve().relative_to(baseline.resolve().parent).as_posix()
+    except ValueError:
+        return run.name
+
 
 def git_commit() -> str:
     """HEAD of the checkout, or $SPARSE_MLA_COMMIT where the tree was copied without .git (GPU hosts)."""
@@ -213,6 +346,18 @@ def main() -> None:
             sys.exit("--plot needs matplotlib")
         print(f"wrote {png}")
         return
+    if args.from_json is not None:
+        result = json.loads(args.from_json.read_text())
+        print(f"{result['gpu']}, {result['indices']} indices, commit {result['commit'][:12]} ({args.from_json})")
+        print_table(result["rows"])
+        print_comparison(result, args.baseline)
+        if args.save_baseline:
+            if len(result["rows"]) < len(SHAPES):
+                sys.exit(f"--save-baseline needs every shape of the table; {args.from_json} has {len(result['rows'])}")
+            save_baseline(result, args.baseline, _relative_to_baseline(args.from_json, args.baseline))
+        return
+    if args.save_baseline and args.quick:
+        sys.exit("--save-baseline needs every shape of the table: drop --quick")
 
     dispatch = None
     if args.incumbent is not None:
@@ -236,6 +381,7 @@ def main() -> None:
         "commit": git_commit(),
         "torch": torch.__version__,
         "indices": args.indices,
+        "command": " ".join(["python", "benchmarks/bench.py"] + [a for a in sys.argv[1:] if a != "--save-baseline"]),
         "protocol": f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
                     + (f"; incumbent {args.incumbent.name} timed in {args.rounds} alternating rounds"
                        if args.incumbent else ""),
@@ -251,6 +397,9 @@ def main() -> None:
         print(f"matplotlib is not installed: draw the chart elsewhere with --plot {stem.with_suffix('.json')}")
     print(f"\n{result['gpu']}, {args.indices} indices, commit {result['commit'][:12]}")
     print_table(rows)
+    print_comparison(result, args.baseline)
+    if args.save_baseline:
+        save_baseline(result, args.baseline, _relative_to_baseline(stem.with_suffix(".json"), args.baseline))
 
 
 if __name__ == "__main__":
