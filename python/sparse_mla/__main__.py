@@ -1,25 +1,31 @@
-"""Command line: ``python -m sparse_mla prebuild | list | clean | env``.
+"""Command line: ``python -m sparse_mla prebuild | list | clean | env`` (installed as ``sparse-mla`` too).
 
 ``prebuild`` compiles kernels ahead of time into a cache root through the same code as the JIT, on any
 machine with nvcc (no GPU needed); a process pointed at that root (``SPARSE_MLA_JIT_CACHE_DIR`` or
-``SPARSE_MLA_PREBUILT_DIRS``) then loads them without compiling. Ctrl-C exits with status 130.
+``SPARSE_MLA_PREBUILT_DIRS``) then loads them without compiling. ``env --json`` prints what a build
+host and a GPU node must agree on for that, and ``env --compare FILE`` checks it against another host's.
+Ctrl-C exits with status 130 at once: it stops the running compiles and starts no other.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import importlib.metadata
 import itertools
+import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sparse_mla import __version__
 from sparse_mla.errors import SparseMLAError
-from sparse_mla.jit import env, store
-from sparse_mla.jit.build import build_spec
+from sparse_mla.jit import env, interrupt, store
+from sparse_mla.jit.build import CUDA_FLAGS, GENCODE, LINK_FLAGS, build_spec, headers_digest
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import SUPPORTED_D_QK, KernelKey
 
@@ -44,6 +50,16 @@ examples:
 
 Only a root sparse_mla built into (it holds a CACHEDIR.TAG) is cleaned, and in it only entries with a
 key.json that belong to this user, each under its lock; symbolic links are never followed."""
+
+_ENV_EXAMPLES = """\
+examples:
+  python -m sparse_mla env                                  # versions, GPUs, cache roots, variables
+  python -m sparse_mla env --json > build-host.json         # on the build host
+  python -m sparse_mla env --compare build-host.json        # on a GPU node: exit 0 when they match
+
+Prebuilt kernels load where these fields of `env --json` are equal: sparse_mla, headers_sha256, arch,
+flags, nvidia-cutlass, apache-tvm-ffi, and cuda_toolkit on a node that has a toolkit. A node without a
+toolkit needs none: its cuda_driver must be at least the build host's cuda_toolkit."""
 
 _DEFAULT_ROOT = "$SPARSE_MLA_JIT_CACHE_DIR, else jit_cache/ in a source checkout or ~/.cache/sparse_mla"
 _NO_ROOT = "no cache directory: HOME is unset and this uid has no passwd entry; pass --cache-dir DIR"
@@ -84,8 +100,13 @@ def _prebuild(args: argparse.Namespace) -> int:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
         results = list(pool.map(build, keys))
+    except KeyboardInterrupt:
+        # Ends the compiles the signal did not reach (one started just after it) and refuses new ones,
+        # so that the workers the interpreter joins on its way out return at once.
+        interrupt.stop()
+        raise
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # after Ctrl-C: start no further compile
+        pool.shutdown(wait=False, cancel_futures=True)
 
     errors = []
     print(f"{'kernel':<48} {'status':<7} {'seconds':>7}  path")
@@ -101,14 +122,26 @@ def _prebuild(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """Every entry of each root and its state; a root that was named (``--cache-dir``,
+    ``SPARSE_MLA_PREBUILT_DIRS``) and does not exist is an error, the writable root not built yet is not."""
     roots = [Path(args.cache_dir)] if args.cache_dir else env.lookup_dirs()
+    named = set(roots) if args.cache_dir else set(env.prebuilt_dirs())
+    status = 0
     for root in roots:
-        entries = store.scan(root, build_spec) if root.is_dir() else []
+        if not root.is_dir():
+            what = "is not a directory" if root.exists() else "does not exist"
+            if root in named:
+                print(f"error: the cache directory {root} {what}", file=sys.stderr)
+                status = 1
+            else:
+                print(f"{root}: {what} yet: 0 entries")
+            continue
+        entries = store.scan(root, build_spec)
         print(f"{root}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
         for entry in entries:
             seconds = f"{entry.compile_seconds:.1f} s" if entry.compile_seconds is not None else ""
             print(f"  {entry.state:<7} {entry.name:<48} {entry.path.name}  {seconds} {entry.detail}".rstrip())
-    return 0
+    return status
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -141,11 +174,6 @@ def _version_of(distribution: str) -> str:
         return "not installed"
 
 
-def _cuda_release(version: str | None) -> str:
-    """``13000`` (cuda.h's CUDA_VERSION) as ``13.0``."""
-    return f"{int(version) // 1000}.{int(version) % 1000 // 10}" if version else "unknown"
-
-
 def _torch_rows() -> list[tuple[str, str]]:
     """torch's CUDA version and the GPUs torch sees (it honours CUDA_VISIBLE_DEVICES)."""
     try:
@@ -162,7 +190,96 @@ def _torch_rows() -> list[tuple[str, str]]:
     return rows
 
 
+# The fields of `env --json` that a kernel's cache entry depends on: a GPU node loads what a build host
+# prebuilt only where they are equal (the CUDA toolkit is compared apart, see _build_differences).
+MUST_MATCH = ("sparse_mla", "headers_sha256", "arch", "flags", "nvidia-cutlass", "apache-tvm-ffi")
+
+
+def _or_none(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str | None) -> str | None:
+    return store.cuda_release(version) if version is not None else None
+
+
+def build_identity() -> dict[str, Any]:
+    """What ``env --json`` prints: the inputs of every kernel's digest besides the key (those of
+    MUST_MATCH, and the CUDA toolkit), the newest CUDA the driver runs, and torch and Python for the record."""
+    try:
+        include = env.include_dir()
+        headers: str | None = hashlib.sha256(json.dumps(headers_digest(include), sort_keys=True).encode()).hexdigest()
+    except SparseMLAError:
+        headers = None
+    return {
+        "sparse_mla": __version__,
+        "headers_sha256": headers,
+        "arch": ", ".join(sorted(flag.rsplit("=", 1)[1] for flag in GENCODE.values())),  # "sm_90a"
+        "flags": [*CUDA_FLAGS, *LINK_FLAGS],
+        "nvidia-cutlass": _or_none("nvidia-cutlass"),
+        "apache-tvm-ffi": _or_none("apache-tvm-ffi"),
+        "cuda_toolkit": _release(env.cuda_version(env.cuda_home())),
+        "cuda_driver": _release(env.driver_cuda_version()),
+        "torch": _or_none("torch"),
+        "python": platform.python_version(),
+    }
+
+
+def _version_tuple(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def _build_differences(here: dict[str, Any], there: dict[str, Any], name: str) -> list[str]:
+    """Why a kernel prebuilt on one of the two hosts would not load on the other, one line each."""
+    lines = [
+        f"{field}: this host {json.dumps(here.get(field))}, {name} {json.dumps(there.get(field))}"
+        for field in MUST_MATCH
+        if here.get(field) != there.get(field)
+    ]
+    toolkits = here.get("cuda_toolkit"), there.get("cuda_toolkit")
+    if None not in toolkits:
+        if toolkits[0] != toolkits[1]:
+            lines.append(f"cuda_toolkit: this host {toolkits[0]}, {name} {toolkits[1]}")
+        return lines
+    # A host without a toolkit loads what any toolkit built, as long as its driver runs that CUDA.
+    for builder, loader, builder_name, loader_name in ((here, there, "this host", name), (there, here, name, "this host")):
+        built, driver = builder.get("cuda_toolkit"), loader.get("cuda_driver")
+        if built is not None and loader.get("cuda_toolkit") is None and driver is not None:
+            if _version_tuple(built) > _version_tuple(driver):
+                lines.append(f"cuda_toolkit: {builder_name} builds with CUDA {built}, {loader_name}'s driver runs CUDA {driver} at most")
+    return lines
+
+
+def _compare(other: Path) -> int:
+    """``env --compare FILE``: 0 when a kernel prebuilt on either host loads on the other, 1 (each
+    difference printed) when not, 2 when FILE is not an ``env --json`` output."""
+    try:
+        there = json.loads(other.read_text())
+    except (OSError, ValueError) as error:
+        print(f"error: cannot read {other} as the output of `env --json`: {error}", file=sys.stderr)
+        return 2
+    if not isinstance(there, dict) or "sparse_mla" not in there:
+        print(f"error: {other} is not the output of `env --json` (no \"sparse_mla\" field)", file=sys.stderr)
+        return 2
+    lines = _build_differences(build_identity(), there, str(other))
+    for line in lines:
+        print(line)
+    if lines:
+        print(f"{len(lines)} difference{'' if len(lines) == 1 else 's'}: kernels prebuilt on one of these hosts do not load on the other")
+        return 1
+    print(f"this host and {other} match: kernels prebuilt on one of them load on the other")
+    return 0
+
+
 def _env(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(build_identity(), indent=2))
+        return 0
+    if args.compare:
+        return _compare(Path(args.compare))
     home, root = env.cuda_home(), _root(args)
     lookup = dict.fromkeys([*([root] if root else []), *env.prebuilt_dirs()])
     rows = [
@@ -170,7 +287,7 @@ def _env(args: argparse.Namespace) -> int:
         ("torch", _version_of("torch")),
         ("apache-tvm-ffi", _version_of("apache-tvm-ffi")),
         ("nvidia-cutlass", _version_of("nvidia-cutlass")),
-        ("CUDA toolkit", f"{_cuda_release(env.cuda_version(home))} at {home}" if home else "not found (no nvcc)"),
+        ("CUDA toolkit", f"{store.cuda_release(env.cuda_version(home))} at {home}" if home else "not found (no nvcc)"),
     ]
     rows += _torch_rows()
     rows += [
@@ -190,31 +307,42 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jobs(text: str) -> int:
-    value = int(text)
+# argparse names a type function in its own message when the function raises ValueError ("invalid
+# _topk value"): each of these raises ArgumentTypeError, whose message argparse prints as it is.
+
+
+def _positive_int(text: str, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"{expected}, got {value}")
     return value
 
 
-def _days(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of days, at least 0, got {text}")
-    return value
+def _jobs(text: str) -> int:
+    return _positive_int(text, "must be a whole number, at least 1")
 
 
 def _topk(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"topk values must be positive, got {value}")
+    return _positive_int(text, "topk values must be positive whole numbers")
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of days, at least 0, got {text!r}")
     return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m sparse_mla", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    # Run as the console script, it is called what the user typed.
+    prog = "sparse-mla" if Path(sys.argv[0]).name == "sparse-mla" else "python -m sparse_mla"
+    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sparse_mla {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     prebuild = commands.add_parser(
@@ -251,7 +379,24 @@ def _parser() -> argparse.ArgumentParser:
         "--older-than", type=_days, metavar="DAYS",
         help="only kernels built more than DAYS days ago (nothing evicts kernels otherwise), e.g. --older-than 30",
     )
-    commands.add_parser("env", help="show versions, GPUs, the cache roots and the SPARSE_MLA_* variables")
+    env_command = commands.add_parser(
+        "env",
+        help="show versions, GPUs, the cache roots and the SPARSE_MLA_* variables",
+        description="Show versions, GPUs, the cache roots and the SPARSE_MLA_* variables.",
+        epilog=_ENV_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    output = env_command.add_mutually_exclusive_group()
+    output.add_argument(
+        "--json", action="store_true",
+        help="print, as JSON, what a build host and a GPU node must agree on for prebuilt kernels to load, "
+        "e.g. env --json > build-host.json",
+    )
+    output.add_argument(
+        "--compare", metavar="FILE",
+        help="compare this host with another's `env --json` output: prints each field that keeps kernels "
+        "prebuilt on one from loading on the other and exits 1 if there is one, e.g. --compare build-host.json",
+    )
     for command in commands.choices.values():
         command.add_argument(
             "--cache-dir", metavar="DIR", help=f"cache root (default: {_DEFAULT_ROOT}), e.g. --cache-dir /shared/sparse_mla"

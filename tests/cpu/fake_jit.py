@@ -2,18 +2,22 @@
 
 The fake "module" is a file starting with ``FAKE:`` and the key name; anything else fails to load,
 as a truncated or garbage ``.so`` would. A build also leaves the by-products a real one does (an object
-file, ninja's files, tvm-ffi's lock), which are not published. Every build appends a line to
-``$FAKE_JIT_BUILD_LOG``, so a test can count compiles across processes; ``$FAKE_JIT_BUILD_SECONDS`` makes
-each build that slow, spent in a child process (``sleep``) as a real build spends it in nvcc: a signal
-to the process group ends it, and the build fails.
+file, ninja's files), which are not published. Every build appends a line to ``$FAKE_JIT_BUILD_LOG``, so
+a test can count compiles across processes; ``$FAKE_JIT_BUILD_SECONDS`` makes each build that slow, spent
+in a child process (``sleep``) that the build starts as it starts ninja: a SIGINT to the process group,
+or an interrupt of the process, ends it and the build is interrupted. Each such compiler appends its pid
+to ``$FAKE_JIT_COMPILER_LOG`` (when set) as it starts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import subprocess
 from pathlib import Path
+from typing import Any
 
+from sparse_mla.jit import interrupt
 from sparse_mla.jit.build import BuildResult, BuildSpec
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import KernelKey, generated_source
@@ -27,15 +31,28 @@ class FakeModule:
         return self._name
 
 
-def fake_spec(key: KernelKey, cuda_version: str | None = "13000") -> BuildSpec:
-    source = generated_source(key)
+# The digest's inputs of a real spec (build.build_spec), with made-up values.
+FAKE_INPUTS: dict[str, Any] = {
+    "source_sha256": "generated-source",
+    "arch": "sm_90a",
+    "flags": ["-O2", "-fake"],
+    "link_flags": ["-shared"],
+    "headers": {"sparse_mla/entry.cuh": "entry-v1", "sparse_mla/sm90/consumer.cuh": "consumer-v1"},
+    "cutlass": "4.2.0.0",
+    "tvm_ffi": "0.1.15",
+}
+
+
+def fake_spec(key: KernelKey, cuda_version: str | None = "13000", **inputs: Any) -> BuildSpec:
+    """The spec of ``key`` on a host with CUDA ``cuda_version`` and FAKE_INPUTS, ``inputs`` replacing some."""
+    recorded = {"key": key.name, **FAKE_INPUTS, **inputs}
     return BuildSpec(
         key=key,
-        source=source,
+        source=generated_source(key),
         flags=("-fake",),
         include_dirs=(),
-        inputs={"key": key.name},
-        source_digest=f"source-of-{key.name}",
+        inputs=recorded,
+        source_digest=hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest(),
         cuda_version=cuda_version,
     )
 
@@ -47,8 +64,11 @@ def fake_build(spec: BuildSpec, build_dir: Path) -> BuildResult:
             f.write(f"{os.getpid()} {spec.key.name}\n")
     seconds = os.environ.get("FAKE_JIT_BUILD_SECONDS")
     if seconds:
-        subprocess.run(["sleep", seconds], check=True)
-    for by_product in ("cuda_0.o", "build.ninja", ".ninja_log", "lock"):
+        # The compiler: `sleep`, after it appended its pid to $FAKE_JIT_COMPILER_LOG (when set).
+        record = 'if [ -n "$FAKE_JIT_COMPILER_LOG" ]; then echo $$ >> "$FAKE_JIT_COMPILER_LOG"; fi; exec sleep "$0"'
+        if interrupt.run(["sh", "-c", record, seconds], build_dir).returncode != 0:
+            raise RuntimeError("sleep failed")
+    for by_product in ("cuda_0.o", "build.ninja", ".ninja_log"):
         (build_dir / by_product).write_bytes(b"by-product")
     (build_dir / "fake.so").write_bytes(f"FAKE:{spec.key.name}\n".encode() + os.urandom(64))
     return BuildResult(so_name="fake.so", log="fake build", command="fake-nvcc -c x.cu", toolchain="fake")
@@ -61,11 +81,27 @@ def fake_load(so_path: Path) -> FakeModule:
     return FakeModule(data[5:].split(b"\n", 1)[0].decode())
 
 
-def fake_cache() -> KernelCache:
-    return KernelCache(builder=fake_build, loader=fake_load, spec_for=fake_spec)
+def fake_cache(**inputs: Any) -> KernelCache:
+    """A cache that builds and loads with the fakes, on a host whose specs are ``fake_spec(key, **inputs)``."""
+    return KernelCache(builder=fake_build, loader=fake_load, spec_for=lambda key: fake_spec(key, **inputs))
 
 
 def get_in_child(d_qk: int, topk: int, barrier) -> str:
     """Entry point of a child process: wait for all siblings, then ask for the same key."""
     barrier.wait()
     return fake_cache().get(KernelKey(d_qk, topk)).kernel_key()
+
+
+def compilers_of(pid: int) -> list[int]:
+    """The pids of the running fake compilers (``sleep``) whose parent is ``pid``, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        comm, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm == "sleep" and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(name))
+    return found

@@ -1,6 +1,8 @@
 """The kernel cache with a fake builder: one build under concurrency, atomic publish of exactly the
-documented files, corrupt and killed builds, typed errors for unusable cache directories, the
-disabled-JIT switch, compiles and waits announced on stderr, the public warm-up."""
+documented files, corrupt, killed and interrupted builds, typed errors for unusable cache directories,
+the disabled-JIT switch, misses that name the entries built for another host, compiles and waits
+announced on stderr, the public warm-up, and a build (with a fake toolchain) that leaves the process's
+environment alone."""
 
 from __future__ import annotations
 
@@ -428,70 +430,243 @@ def test_warmup_rejects_unsupported_keys(cache_root, monkeypatch, d_qk, topk, ma
     assert builds(cache_root) == []
 
 
-# ---- builds in one process run side by side -----------------------------------------------------
+@pytest.mark.parametrize(
+    "d_qk, topk, words",
+    [
+        ("576", 2048, "d_qk must be an int or a non-empty list of ints, got '576' (a str)"),
+        (576, 2048.0, "topk must be an int or a non-empty list of ints, got 2048.0 (a float)"),
+        (576, [64, 2048.0], "topk must be an int or a non-empty list of ints, got [64, 2048.0] (holding 2048.0, a float)"),
+        (None, 2048, "d_qk must be an int or a non-empty list of ints, got None (a NoneType)"),
+    ],
+)
+def test_warmup_rejects_arguments_of_another_type_naming_them(cache_root, monkeypatch, d_qk, topk, words):
+    monkeypatch.setattr(sparse_mla.jit, "_CACHE", fake_jit.fake_cache())
+    with pytest.raises(TypeError) as raised:
+        sparse_mla.warmup(d_qk=d_qk, topk=topk)
+    assert str(raised.value) == words
+    assert builds(cache_root) == []
 
-VARIABLE = "SPARSE_MLA_TEST_TOOLCHAIN_VARIABLE"
+
+def test_warmup_compiles_no_more_keys_at_once_than_there_are_cores(cache_root, monkeypatch):
+    active, most = [0], [0]
+    condition = threading.Condition()
+
+    def builder(spec, build_dir):
+        with condition:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            condition.notify_all()
+            condition.wait_for(lambda: active[0] > 2, timeout=0.5)  # a third build, if one can start, starts now
+            active[0] -= 1
+        return fake_jit.fake_build(spec, build_dir)
+
+    monkeypatch.setattr(sparse_mla.jit, "_cpu_count", lambda: 2)
+    monkeypatch.setattr(sparse_mla.jit, "_CACHE", KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec))
+    sparse_mla.warmup(d_qk=576, topk=[1, 2, 3, 4, 5])
+    assert most[0] == 2 and len(builds(cache_root)) == 5
 
 
-def test_builds_with_the_same_toolchain_settings_overlap_and_the_environment_is_restored(monkeypatch):
-    monkeypatch.delenv(VARIABLE, raising=False)
-    extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
-    before = (extension_logger.level, extension_logger.propagate)
-    shared = build_module._SharedToolchainEnvironment()
-    both_inside = threading.Barrier(2, timeout=10)
-    seen = []
+# ---- a miss names the entries of the kernel that another host built -------------------------------
+
+
+def digest16(root: Path, **inputs) -> str:
+    return fake_jit.fake_spec(KEY, **inputs).entry_dir(root).name
+
+
+@pytest.mark.parametrize(
+    "built_with, host, sentence",
+    [
+        ({}, {"cuda_version": "12090"}, "was built with CUDA 13.0; this host has CUDA 12.9"),
+        (
+            {},
+            {"cuda_version": "12090", "cutlass": "4.3.0"},
+            "was built with CUDA 13.0 and nvidia-cutlass 4.2.0.0; this host has CUDA 12.9 and nvidia-cutlass 4.3.0",
+        ),
+        ({"tvm_ffi": "0.1.9"}, {}, "was built with apache-tvm-ffi 0.1.9; this host has apache-tvm-ffi 0.1.15"),
+        ({"arch": "sm_90"}, {}, "was built with arch sm_90; this host has arch sm_90a"),
+        ({"flags": ["-O2", "-G"]}, {}, "was built with flags -G; this host has flags -fake"),
+        (
+            {"headers": {"sparse_mla/entry.cuh": "entry-v1", "sparse_mla/sm90/consumer.cuh": "consumer-v0"}},
+            {},
+            "was built from other kernel sources (1 header differs: sparse_mla/sm90/consumer.cuh)",
+        ),
+        (
+            {"source_sha256": "an older template"},
+            {"cuda_version": "12090"},
+            "was built from other kernel sources (another generated source) and with CUDA 13.0; this host has CUDA 12.9",
+        ),
+    ],
+    ids=["toolkit", "toolkit-and-cutlass", "tvm-ffi", "arch", "flags", "headers", "source-and-toolkit"],
+)
+def test_a_disabled_jit_names_each_entry_built_otherwise_and_what_differs(cache_root, monkeypatch, tmp_path, built_with, host, sentence):
+    prebuilt = tmp_path / "prebuilt"
+    fake_jit.fake_cache(**built_with).prebuild(KEY, prebuilt)
+    monkeypatch.setenv("SPARSE_MLA_PREBUILT_DIRS", str(prebuilt))
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    with pytest.raises(JITDisabledError) as raised:
+        fake_jit.fake_cache(**host).get(KEY)
+    message = str(raised.value)
+    assert message.startswith(f"kernel {KEY.name} has no usable entry in the cache ({cache_root}, {prebuilt})"), message
+    assert message.endswith(f"The cache holds only other builds of it: entry {digest16(prebuilt, **built_with)} {sentence} (in {prebuilt})"), message
+
+
+def test_a_miss_with_several_entries_built_otherwise_names_each(cache_root, monkeypatch):
+    fake_jit.fake_cache().prebuild(KEY, cache_root)
+    fake_jit.fake_cache(cutlass="4.1.0").prebuild(KEY, cache_root)
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    with pytest.raises(JITDisabledError) as raised:
+        fake_jit.fake_cache(cuda_version="12090").get(KEY)
+    message = str(raised.value)
+    assert f"entry {digest16(cache_root)} was built with CUDA 13.0; this host has CUDA 12.9 (in {cache_root})" in message
+    assert (
+        f"entry {digest16(cache_root, cutlass='4.1.0')} was built with CUDA 13.0 and nvidia-cutlass 4.1.0; this host has "
+        f"CUDA 12.9 and nvidia-cutlass 4.2.0.0 (in {cache_root})"
+    ) in message
+
+
+def test_a_miss_without_other_builds_says_nothing_of_them(cache_root, monkeypatch):
+    fake_jit.fake_cache().prebuild(KernelKey(576, 64), cache_root)  # another kernel's entry is no near miss
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    with pytest.raises(JITDisabledError) as raised:
+        fake_jit.fake_cache().get(KEY)
+    assert "other builds" not in str(raised.value) and str(raised.value).endswith("--cache-dir <one of those roots>")
+
+
+def test_a_host_without_a_toolkit_names_an_entry_its_driver_cannot_run(cache_root, monkeypatch):
+    fake_jit.fake_cache().prebuild(KEY, cache_root)  # CUDA 13.0
+    monkeypatch.setattr(store.env, "driver_cuda_version", lambda: "12080")
+    monkeypatch.setenv("SPARSE_MLA_DISABLE_JIT", "1")
+    with pytest.raises(JITDisabledError) as raised:
+        fake_jit.fake_cache(cuda_version=None).get(KEY)
+    assert f"entry {digest16(cache_root)} was built with CUDA 13.0; this host has a driver that runs CUDA 12.8 at most" in str(raised.value)
+
+
+def test_the_compile_line_names_the_entries_built_otherwise(cache_root, caplog):
+    fake_jit.fake_cache().prebuild(KEY, cache_root)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sparse_mla"):
+        fake_jit.fake_cache(cuda_version="12090").get(KEY)
+    assert caplog.records[0].getMessage() == (
+        f"sparse_mla: compiling {KEY.name} (the cache holds only other builds of it: entry {digest16(cache_root)} was "
+        f"built with CUDA 13.0; this host has CUDA 12.9 (in {cache_root}); this takes a while, "
+        f"`{KEY.prebuild_command}` does it ahead of time) ..."
+    )
+    assert len(builds(cache_root)) == 2
+
+
+# ---- an interrupt stops builds ------------------------------------------------------------------
+
+
+@pytest.fixture
+def interrupts():
+    """The process-wide interrupt state, reset after the test."""
+    yield build_module.interrupt
+    build_module.interrupt.resume()
+
+
+def test_after_an_interrupt_no_compiler_starts_and_nothing_is_left(cache_root, monkeypatch, interrupts):
+    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "60")
+    interrupts.stop()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        fake_jit.fake_cache().get(KEY)
+    assert time.monotonic() - start < 10 and not fake_jit.compilers_of(os.getpid())
+    parent = entry_of(cache_root).parent
+    assert sorted(p.name for p in parent.iterdir()) == [f".{entry_of(cache_root).name}.lock"], "a failed.log, entry or staging folder"
+    interrupts.resume()
+    monkeypatch.delenv("FAKE_JIT_BUILD_SECONDS")
+    assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
+
+
+def test_an_interrupt_ends_a_running_compiler_the_signal_did_not_reach(cache_root, monkeypatch, interrupts):
+    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "60")
+    raised = []
 
     def build():
-        with shared.applied({VARIABLE: "a"}):
-            both_inside.wait()  # broken (an error) unless both threads are inside at once
-            seen.append((os.environ[VARIABLE], extension_logger.level, extension_logger.propagate))
-
-    threads = [threading.Thread(target=build) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert seen == [("a", logging.INFO, False)] * 2
-    assert VARIABLE not in os.environ and (extension_logger.level, extension_logger.propagate) == before
-
-
-def test_a_build_with_other_toolchain_settings_waits_for_the_running_ones(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "before")
-    shared = build_module._SharedToolchainEnvironment()
-    order, entered = [], threading.Event()
-
-    def other_build():
-        with shared.applied({VARIABLE: "b"}):
-            order.append(os.environ[VARIABLE])
-            entered.set()
-
-    with shared.applied({VARIABLE: "a"}):
-        thread = threading.Thread(target=other_build)
-        thread.start()
-        assert not entered.wait(0.5)
-        order.append(os.environ[VARIABLE])
-    thread.join(10)
-    assert order == ["a", "b"] and os.environ[VARIABLE] == "before"
-
-
-def test_each_build_captures_only_its_own_compiler_output():
-    extension_logger = logging.getLogger("tvm_ffi.cpp.extension")
-    captures, ready = {}, threading.Barrier(2, timeout=10)
-
-    def build(name):
-        capture = build_module._ThreadLogCapture()
-        extension_logger.addHandler(capture)
         try:
-            ready.wait()  # both handlers are attached before either logs
-            extension_logger.warning("output of %s", name)
-            ready.wait()
-        finally:
-            extension_logger.removeHandler(capture)
-        captures[name] = capture.records
+            fake_jit.fake_cache().get(KEY)
+        except BaseException as error:
+            raised.append(error)
 
-    threads = [threading.Thread(target=build, args=(name,)) for name in ("one", "two")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert captures == {"one": ["output of one"], "two": ["output of two"]}
+    builder = threading.Thread(target=build)
+    builder.start()
+    deadline = time.monotonic() + 30
+    while not fake_jit.compilers_of(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fake_jit.compilers_of(os.getpid()), "the fake compiler never started"
+    interrupts.stop()  # what the command line does on Ctrl-C; no signal reached the compiler
+    builder.join(10)
+    assert not builder.is_alive(), "the build waited for its compiler"
+    assert [type(error) for error in raised] == [KeyboardInterrupt]
+    assert not (entry_of(cache_root).parent / f"{entry_of(cache_root).name}.failed.log").exists()
+    assert not entry_of(cache_root).exists() and not list(entry_of(cache_root).parent.glob(".staging-*"))
+
+
+def test_a_compiler_ended_by_sigint_is_an_interrupt_and_leaves_no_failure_log(cache_root):
+    def builder(spec, build_dir):
+        return build_module.interrupt.run(["sh", "-c", "kill -INT $$"], build_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec).get(KEY)
+    assert not list(entry_of(cache_root).parent.glob("*.failed.log")) and not entry_of(cache_root).exists()
+
+
+# ---- a build leaves the process's environment alone ---------------------------------------------
+
+FAKE_NVCC = """#!{python}
+import pathlib, sys, time
+if sys.argv[1:] == ["--version"]:
+    print("fake nvcc")
+    sys.exit(0)
+pathlib.Path({argv!r}).write_text("\\n".join(sys.argv[1:]))
+pathlib.Path({started!r}).touch()
+deadline = time.monotonic() + 30
+while not pathlib.Path({release!r}).exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+pathlib.Path(sys.argv[sys.argv.index("-o") + 1]).write_text("object")
+print("ptxas info    : fake")
+"""
+
+FAKE_LINKER = """#!{python}
+import pathlib, sys
+pathlib.Path(sys.argv[sys.argv.index("-o") + 1]).write_text("module")
+"""
+
+
+def test_a_build_changes_nothing_in_the_environment_other_threads_read(tmp_path, monkeypatch):
+    """Another thread reads os.environ while the (fake) compiler runs: it is what it was before."""
+    home, build_dir = tmp_path / "cuda", tmp_path / "build"
+    for folder in (home / "bin", home / "include", build_dir):
+        folder.mkdir(parents=True)
+    (home / "include" / "cuda.h").write_text("#define CUDA_VERSION 13000\n")
+    argv, started, release = (str(tmp_path / name) for name in ("argv", "started", "release"))
+    for path, script in ((home / "bin" / "nvcc", FAKE_NVCC), (tmp_path / "linker", FAKE_LINKER)):
+        path.write_text(script.format(python=sys.executable, argv=argv, started=started, release=release))
+        path.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.setenv("CXX", str(tmp_path / "linker"))
+    before, seen = dict(os.environ), []
+
+    def read_while_compiling():
+        deadline = time.monotonic() + 30
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(dict(os.environ))
+        Path(release).touch()
+
+    reader = threading.Thread(target=read_while_compiling)
+    reader.start()
+    spec = build_module.build_spec(KEY)
+    try:
+        result = build_module.compile_module(spec, build_dir)
+    finally:
+        Path(release).touch()
+        reader.join()
+    assert os.path.exists(started), "the fake compiler never ran"
+    assert seen == [before] and dict(os.environ) == before
+    # The arch is pinned to sm_90a in the compiler's arguments, never left to a default or plain sm_90.
+    arguments = Path(argv).read_text().splitlines()
+    assert [a for a in arguments if "arch" in a] == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert all(flag in arguments for flag in spec.flags)
+    assert result.so_name == f"{KEY.name}.so" and (build_dir / result.so_name).read_text() == "module"
+    assert "-gencode=arch=compute_90a,code=sm_90a" in result.command and "ptxas info    : fake" in result.log

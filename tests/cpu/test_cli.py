@@ -139,32 +139,63 @@ def test_a_failure_is_explained_below_the_table_with_advice_that_fits_the_comman
         assert "pass --cache-dir DIR, or set SPARSE_MLA_JIT_CACHE_DIR" in captured.err
 
 
-def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
-    """SIGINT to the process group, as a terminal sends it: the fake compiler dies, prebuild says so."""
-    script = textwrap.dedent(
-        f"""
-        import sys; sys.path.insert(0, {TESTS_CPU!r})
-        import fake_jit, sparse_mla.__main__ as cli
-        cli.KernelCache = fake_jit.fake_cache
-        sys.exit(cli.main(["prebuild", "--d-qk", "576", "--topk", "1", "2", "3", "-j", "2", "--cache-dir", {str(tmp_path)!r}]))
-        """
-    )
-    environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="60")
+CTRL_C_CHILD = """
+import pathlib, sys, time
+sys.path.insert(0, {tests!r})
+import fake_jit, sparse_mla.__main__ as cli
+from sparse_mla.jit.cache import KernelCache
+
+def builder(spec, build_dir):
+    pathlib.Path({markers!r}, spec.key.name).touch()  # the staging folder exists: the build has begun
+    time.sleep({delay})  # how long until it starts its compiler
+    return fake_jit.fake_build(spec, build_dir)
+
+cli.KernelCache = lambda: KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec)
+sys.exit(cli.main(["prebuild", "--d-qk", "576", "--topk", "1", "2", "3", "-j", "2", "--cache-dir", {cache!r}]))
+"""
+
+
+@pytest.mark.parametrize("moment", ["compiling", "before-the-compiler-starts"])
+def test_ctrl_c_exits_130_at_once_without_a_traceback(tmp_path, moment):
+    """SIGINT to the process group, as a terminal sends it, while two of three builds run: with both
+    fake compilers running (they die of it), or between a build's start and its compiler's (the signal
+    misses the compiler, which must then never start). Either way prebuild exits at once, and neither an
+    entry nor a failure log is left (the compilers did not fail)."""
+    markers, cache, compilers = tmp_path / "markers", tmp_path / "cache", tmp_path / "compilers.log"
+    markers.mkdir()
+    delay = 0 if moment == "compiling" else 2
+    script = CTRL_C_CHILD.format(tests=TESTS_CPU, markers=str(markers), delay=delay, cache=str(cache))
     child = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
-        start_new_session=True,
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, FAKE_JIT_BUILD_SECONDS="60", FAKE_JIT_COMPILER_LOG=str(compilers)), start_new_session=True,
     )
     deadline = time.time() + 60
-    while len(list(tmp_path.glob("sm90a/*/.staging-*"))) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(list(tmp_path.glob("sm90a/*/.staging-*"))) == 2, "the two builds never started"
+
+    def ready() -> bool:
+        if moment == "compiling":
+            return len(fake_jit.compilers_of(child.pid)) == 2
+        return len(list(markers.iterdir())) == 2
+
+    while not ready() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    if not ready():
+        child.kill()
+        pytest.fail(f"the two builds never reached the moment {moment}: {child.communicate()}")
     start = time.time()
     os.killpg(child.pid, signal.SIGINT)
-    out, err = child.communicate(timeout=30)
+    try:
+        out, err = child.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        pytest.fail(f"prebuild was still running 30 s after Ctrl-C: {child.communicate()}")
     assert child.returncode == 130, (out, err)
     assert err.endswith("\ninterrupted\n") and "Traceback" not in err, err
-    assert time.time() - start < 20
-    assert not list(tmp_path.glob("sm90a/*/*/key.json")), "an interrupted build was published"
+    assert time.time() - start < delay + 8, "the interrupt waited for a compile"
+    assert not list(cache.glob("sm90a/*/*/key.json")), "an interrupted build was published"
+    assert not list(cache.glob("sm90a/*/*.failed.log")), "an interrupted build left a failure log"
+    started = compilers.read_text().split() if compilers.exists() else []
+    assert len(started) == (2 if moment == "compiling" else 0), f"compilers started: {started}"
+    assert not [pid for pid in map(int, started) if os.path.exists(f"/proc/{pid}")], "a compiler outlived prebuild"
 
 
 def list_states(capsys) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The JIT: kernel key -> generated source -> tvm-ffi build (sm_90a) -> content-addressed cache -> module.
+"""The JIT: kernel key -> generated source -> nvcc for sm_90a (through ninja) -> content-addressed cache -> module.
 
 ``get_module`` is what the call path uses and ``warmup`` what serving code calls at startup;
 ``KernelCache`` and ``build_spec`` are what the prebuild command and the tests use. Nothing here imports
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import os
 from collections.abc import Iterable
 from typing import Any
 
+from sparse_mla.jit import interrupt
 from sparse_mla.jit.build import BuildSpec, build_spec
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import ENTRY_FUNCTION, KernelKey
@@ -36,10 +38,24 @@ def get_module(key: KernelKey) -> Any:
 
 
 def _values(name: str, value: int | Iterable[int]) -> list[int]:
-    values = [value] if isinstance(value, int) else list(value)
+    """``value`` as a list of ints; TypeError naming ``name`` for anything else (a str is not a list of
+    digits, and a float is no int even when it is whole)."""
+    expected = f"{name} must be an int or a non-empty list of ints"
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{expected}, got {value!r} (a {type(value).__name__})")
+    values = list(value)
     if not values:
-        raise ValueError(f"{name} must be an int or a non-empty list of ints, got {value!r}")
+        raise ValueError(f"{expected}, got {value!r}")
+    for item in values:
+        if not isinstance(item, int):
+            raise TypeError(f"{expected}, got {value!r} (holding {item!r}, a {type(item).__name__})")
     return values
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def warmup(d_qk: int | Iterable[int] = 576, topk: int | Iterable[int] = 2048) -> None:
@@ -47,14 +63,24 @@ def warmup(d_qk: int | Iterable[int] = 576, topk: int | Iterable[int] = 2048) ->
 
     Call it at startup, before capturing CUDA graphs, so that no prefill call compiles or loads:
     ``sparse_mla.warmup(d_qk=576, topk=2048)``, or ``sparse_mla.warmup(d_qk=576, topk=[512, 2048])``
-    for several kernels (missing ones compile side by side). It touches no GPU and no tensor, so it
-    works before CUDA is initialized and on a host without a GPU. Raises what the first call would:
-    ``ValueError`` for a d_qk or topk the library does not support, ``JITDisabledError``,
+    for several kernels (missing ones compile side by side, as many at once as this process has CPU
+    cores). It touches no GPU and no tensor, so it works before CUDA is initialized and on a host without
+    a GPU. Raises what the first call would: ``TypeError`` for a d_qk or topk that is not an int or a
+    list of ints, ``ValueError`` for one the library does not support, ``JITDisabledError``,
     ``ToolchainError``, ``CacheError`` or ``KernelBuildError`` when a kernel can be neither loaded nor
-    compiled.
+    compiled. A ``KeyboardInterrupt`` stops its compiles and starts no other.
     """
     keys = [KernelKey(d, t) for d, t in itertools.product(_values("d_qk", d_qk), _values("topk", topk))]
     unique = list(dict.fromkeys(keys))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(unique)) as pool:
-        for _ in pool.map(_CACHE.get, unique):
-            pass
+    # A compile keeps a core busy: more at once than there are cores only makes each slower.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(unique), _cpu_count())) as pool:
+        try:
+            for _ in pool.map(_CACHE.get, unique):
+                pass
+        except KeyboardInterrupt:
+            interrupt.stop()  # the compilers the signal did not reach, and those about to start
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+            finally:
+                interrupt.resume()
+            raise

@@ -100,11 +100,13 @@ class KernelCache:
                         return module
                 elif found.state != "absent":
                     logger.warning("sparse_mla: not loading cache entry %s: %s (%s)", entry_dir, found.state, found.reason)
+        stale = [sentence for root in env.lookup_dirs() for sentence in store.near_misses(spec, root)]
         if env.jit_disabled():
             roots = ", ".join(str(r) for r in env.lookup_dirs())
             raise JITDisabledError(
                 f"kernel {key.name} has no usable entry in the cache ({roots}) and SPARSE_MLA_DISABLE_JIT=1 forbids "
-                f"compiling it; prebuild it with: {key.prebuild_command} --cache-dir <one of those roots>",
+                f"compiling it; prebuild it with: {key.prebuild_command} --cache-dir <one of those roots>"
+                + (f". The cache holds only other builds of it: {'; '.join(stale)}" if stale else ""),
                 key_name=key.name,
                 prebuild_command=key.prebuild_command,
             )
@@ -115,7 +117,7 @@ class KernelCache:
                 "default lives in the home directory, which this process has none of (HOME is unset and its uid "
                 "has no passwd entry); set SPARSE_MLA_JIT_CACHE_DIR to a writable directory"
             )
-        return self.build(spec, root)[2]
+        return self.build(spec, root, stale=stale)[2]
 
     def _load(self, spec: BuildSpec, root: Path, entry_dir: Path, found: store.Inspection) -> Any:
         """The module of an intact entry; None (logged) when it holds another kernel, or changed while
@@ -143,10 +145,15 @@ class KernelCache:
 
     # ---- building (also the prebuild command) --------------------------------------------------
 
-    def build(self, spec: BuildSpec, root: Path, advice: str | None = None) -> tuple[Path, float | None, Any]:
+    def build(
+        self, spec: BuildSpec, root: Path, advice: str | None = None, *, stale: list[str] | None = None, ahead_of_time: bool = False
+    ) -> tuple[Path, float | None, Any]:
         """Make sure ``root`` holds a loadable entry for ``spec``. Returns (entry, compile seconds or
         None when another process or an earlier run had built it, the loaded module). ``advice`` ends
-        the message of a CacheError (default: how to point the JIT at another directory)."""
+        the message of a CacheError (default: how to point the JIT at another directory). ``stale``: what
+        :func:`~sparse_mla.jit.store.near_misses` says of the entries of the kernel in the roots looked
+        at (default: those in ``root``), for the compile's log line, which tells how to compile ahead of
+        time unless this build is already (``ahead_of_time``)."""
         entry_dir = spec.entry_dir(root)
         if advice is None:
             advice = (
@@ -178,27 +185,25 @@ class KernelCache:
                 if found.state == "corrupt":
                     logger.warning("sparse_mla: rebuilding unusable cache entry %s (%s)", entry_dir, found.reason)
                     store.remove(entry_dir)
-                seconds = self._build_and_publish(spec, entry_dir)
+                if stale is None:
+                    stale = store.near_misses(spec, root)
+                seconds = self._build_and_publish(spec, entry_dir, _compile_line(spec, stale, ahead_of_time))
             found = store.inspect(spec, root, entry_dir)
             module = self._load(spec, root, entry_dir, found) if found.state == "ok" else None
         if module is None:
             raise CacheError(f"cache entry {entry_dir} is not usable right after it was built: {found.state} ({found.reason})")
         return entry_dir, seconds, module
 
-    def _build_and_publish(self, spec: BuildSpec, entry_dir: Path) -> float | None:
-        """Compiles ``spec`` and publishes it at ``entry_dir``; returns the compile seconds, or None when
-        another process published the entry meanwhile."""
+    def _build_and_publish(self, spec: BuildSpec, entry_dir: Path, announcement: str) -> float | None:
+        """Compiles ``spec`` (logging ``announcement`` first) and publishes it at ``entry_dir``; returns the
+        compile seconds, or None when another process published the entry meanwhile. An interrupted build
+        (KeyboardInterrupt) leaves nothing: no entry, and no failure log, since the compiler did not fail."""
         staging = Path(
             tempfile.mkdtemp(prefix=f"{store.STAGING}{entry_dir.name}-{store.owner_tag()}-", dir=entry_dir.parent)
         )
         failed_log = entry_dir.parent / f"{entry_dir.name}.failed.log"
         try:
-            logger.info(
-                "sparse_mla: compiling %s (not in the cache yet; this takes a while, `%s` does it ahead "
-                "of time) ...",
-                spec.key.name,
-                spec.key.prebuild_command,
-            )
+            logger.info("%s", announcement)
             start = time.perf_counter()
             try:
                 result = self._builder(spec, staging)
@@ -250,8 +255,19 @@ class KernelCache:
 
     def prebuild(self, key: KernelKey, root: Path, advice: str | None = None) -> tuple[Path, float | None]:
         """Build ``key`` into ``root`` (loading it once proves the entry); for the prebuild command."""
-        entry_dir, seconds, _ = self.build(self._spec_for(key), root, advice)
+        entry_dir, seconds, _ = self.build(self._spec_for(key), root, advice, ahead_of_time=True)
         return entry_dir, seconds
+
+
+def _compile_line(spec: BuildSpec, stale: list[str], ahead_of_time: bool) -> str:
+    """The log line that announces a compile: why it is needed, and (on first use) how to avoid it."""
+    why = f"the cache holds only other builds of it: {'; '.join(stale)}" if stale else "not in the cache yet"
+    if ahead_of_time:
+        return f"sparse_mla: compiling {spec.key.name} ({why}) ..."
+    return (
+        f"sparse_mla: compiling {spec.key.name} ({why}; this takes a while, `{spec.key.prebuild_command}` does it "
+        "ahead of time) ..."
+    )
 
 
 def _keep_only(build_dir: Path, names: set[str]) -> None:

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from sparse_mla.errors import SparseMLAError
 from sparse_mla.jit import env
@@ -185,6 +186,112 @@ def inspect(spec: BuildSpec, root: Path, entry_dir: Path) -> Inspection:
         return Inspection("corrupt", f"key.json holds {meta['key']['name']} with digest {meta['digest'][:16]}, "
                           f"not {spec.key.name} with digest {expected_digest(spec, meta)[:16]}", owner=found.owner)
     return found
+
+
+# ---- why an entry of the same kernel does not fit ---------------------------------------------------
+
+def cuda_release(version: object) -> str:
+    """cuda.h's ``CUDA_VERSION`` (``13000``) as a release (``13.0``)."""
+    try:
+        number = int(str(version))
+    except ValueError:
+        return f"{version} (not a CUDA version)" if version is not None else "(not recorded)"
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One build input in which an entry differs from what this host would build. For the sources,
+    ``built`` is a phrase ("from other kernel sources (...)") and ``here`` is empty; for the others both
+    are what they name with its value ("CUDA 13.0", "CUDA 12.9")."""
+
+    field: str  # sources, CUDA toolkit, nvidia-cutlass, apache-tvm-ffi, arch, flags, or another input
+    built: str
+    here: str
+
+
+def _as_list(value: object) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def _headers_phrase(built: object, here: dict[str, str]) -> str:
+    recorded = built if isinstance(built, dict) else {}
+    names = sorted(name for name in recorded.keys() | here.keys() if recorded.get(name) != here.get(name))
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{len(names)} header{' differs' if len(names) == 1 else 's differ'}: {shown}"
+
+
+def _flags_phrase(flags: list[str], others: list[str]) -> str:
+    own = [flag for flag in flags if flag not in others]
+    return f"flags {' '.join(own)}" if own else "fewer flags"
+
+
+# Inputs of the digest (BuildSpec.inputs) that differences() phrases itself.
+_SOURCES, _FLAGS = ("headers", "source_sha256"), ("flags", "link_flags")
+_VERSIONS = {"cutlass": "nvidia-cutlass", "tvm_ffi": "apache-tvm-ffi", "arch": "arch"}
+
+
+def differences(spec: BuildSpec, meta: dict[str, Any]) -> list[Difference]:
+    """What makes an intact entry of ``spec``'s kernel another build than ``spec``'s; empty when it is
+    ``spec``'s. On a host without a CUDA toolkit, an entry of any toolkit its driver runs is
+    (see :func:`candidates`)."""
+    toolkit = _toolkit_difference(spec, meta.get("cuda_version"))
+    if meta["source_digest"] == spec.source_digest:
+        return toolkit
+    found = []
+    built = meta["inputs"] if isinstance(meta.get("inputs"), dict) else {}
+    changed = sorted(name for name in built.keys() | spec.inputs.keys() if built.get(name) != spec.inputs.get(name))
+    sources = [_headers_phrase(built.get("headers"), spec.inputs.get("headers", {}))] if "headers" in changed else []
+    sources += ["another generated source"] if "source_sha256" in changed else []
+    if sources:
+        found.append(Difference("sources", f"from other kernel sources ({'; '.join(sources)})", ""))
+    for name in changed:
+        if name not in _SOURCES + _FLAGS:
+            label = _VERSIONS.get(name, name)
+            found.append(Difference(label, f"{label} {built.get(name, '(not recorded)')}", f"{label} {spec.inputs.get(name)}"))
+    if any(name in _FLAGS for name in changed):
+        entry_flags = [*_as_list(built.get("flags")), *_as_list(built.get("link_flags"))]
+        host_flags = [*_as_list(spec.inputs.get("flags")), *_as_list(spec.inputs.get("link_flags"))]
+        found.append(Difference("flags", _flags_phrase(entry_flags, host_flags), _flags_phrase(host_flags, entry_flags)))
+    if not found:  # the recorded inputs are this host's, so they are not what the entry's digest was made of
+        found.append(Difference("inputs", "from inputs other than its key.json records", ""))
+    return toolkit + found
+
+
+def _toolkit_difference(spec: BuildSpec, entry_cuda: object) -> list[Difference]:
+    built = f"CUDA {cuda_release(entry_cuda)}"
+    if spec.cuda_version is not None:
+        return [] if entry_cuda == spec.cuda_version else [Difference("CUDA toolkit", built, f"CUDA {cuda_release(spec.cuda_version)}")]
+    driver = env.driver_cuda_version()
+    with contextlib.suppress(TypeError, ValueError):
+        if driver is not None and int(str(entry_cuda)) > int(driver):
+            return [Difference("CUDA toolkit", built, f"a driver that runs CUDA {cuda_release(driver)} at most")]
+    return []
+
+
+def describe(entry_dir: Path, found: list[Difference]) -> str:
+    """One sentence, e.g. ``entry 84c5d2e1a0b3f4c6 was built with CUDA 13.0 and nvidia-cutlass 4.2.0.0;
+    this host has CUDA 12.9 and nvidia-cutlass 4.3.0``."""
+    origins = [d.built for d in found if not d.here]
+    versions = [d for d in found if d.here]
+    parts = origins + (["with " + " and ".join(d.built for d in versions)] if versions else [])
+    sentence = f"entry {entry_dir.name} was built " + " and ".join(parts)
+    return sentence + (f"; this host has {' and '.join(d.here for d in versions)}" if versions else "")
+
+
+def near_misses(spec: BuildSpec, root: Path) -> list[str]:
+    """A sentence for each intact entry of ``spec``'s kernel in ``root`` that is not ``spec``'s build,
+    saying what differs: why a lookup found nothing although the kernel is there."""
+    sentences = []
+    for entry_dir in _real_subdirs(root / spec.key.arch / spec.key.name):
+        if not re.fullmatch(r"[0-9a-f]{16}", entry_dir.name):
+            continue
+        found = read_intact(root, entry_dir)
+        if found.state == "ok" and found.meta is not None and found.meta["key"]["name"] == spec.key.name:
+            different = differences(spec, found.meta)
+            if different:
+                sentences.append(f"{describe(entry_dir, different)} (in {root})")
+    return sentences
 
 
 def candidates(spec: BuildSpec, root: Path) -> list[Path]:
@@ -377,7 +484,7 @@ class EntryStatus:
 
     path: Path
     name: str
-    state: str  # "ok", "stale" (built from other sources or another toolkit), "corrupt", "unreadable", "untrusted"
+    state: str  # "ok", "stale" (an intact entry this host would not build so: see differences), "corrupt", "unreadable", "untrusted"
     detail: str = ""
     compile_seconds: float | None = None
 
@@ -394,9 +501,9 @@ def scan(root: Path, spec_for: Callable[[KernelKey], BuildSpec]) -> list[EntrySt
         key = KernelKey(meta["key"]["d_qk"], meta["key"]["topk"], meta["key"]["arch"])
         state, detail = "ok", ""
         try:
-            current = spec_for(key)
-            if current.source_digest != meta["source_digest"] or current.cuda_version not in (None, meta.get("cuda_version")):
-                state, detail = "stale", "built from other sources or another CUDA toolkit"
+            different = differences(spec_for(key), meta)
+            if different:
+                state, detail = "stale", describe(entry_dir, different)
         except SparseMLAError as error:  # a missing toolchain only means freshness is unknown
             detail = f"cannot check freshness: {error}"
         statuses.append(EntryStatus(entry_dir, key.name, state, detail, meta.get("compile_seconds")))

@@ -1,0 +1,69 @@
+"""The build tools this process runs, and how an interrupt stops them.
+
+A terminal's Ctrl-C sends SIGINT to every process of the foreground group: ninja passes it on to the
+compilers it started (each in a process group of its own) and exits, and the build fails at once. A tool
+started just after the signal never sees it, though: its build would run to the end, and the interpreter,
+which joins every worker thread before it exits, would wait for it. So the code that receives the
+``KeyboardInterrupt`` (the main thread) calls :func:`stop`: it sends SIGINT to every tool still running,
+and from then on :func:`run` starts none. ``warmup`` calls :func:`resume` once its own builds are over, so
+that a process that survives the interrupt (a notebook) can build again; the command line never does.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+_lock = threading.Lock()  # a tool is started and registered, or refused, in one step
+_running: set[subprocess.Popen[str]] = set()
+_stopped = False
+
+# A tool that died of SIGINT, or that exited the way a shell reports it (128 + SIGINT; ninja does).
+_INTERRUPTED = (-signal.SIGINT, 128 + signal.SIGINT)
+
+
+def _interrupted(argv: list[str]) -> KeyboardInterrupt:
+    return KeyboardInterrupt(f"interrupted: {Path(argv[0]).name}")
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Runs a build tool in ``cwd`` with the process's environment, unchanged, and returns its output
+    (stdout and stderr together). Raises KeyboardInterrupt, starting nothing, once :func:`stop` was
+    called, and when the tool was interrupted (then the build failed for no fault of its own)."""
+    with _lock:
+        if _stopped:
+            raise _interrupted(argv)
+        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _running.add(process)
+    try:
+        output, _ = process.communicate()
+    except BaseException:
+        # A KeyboardInterrupt in the thread that runs the tool (the signal may not have reached the tool)
+        process.send_signal(signal.SIGINT)
+        process.communicate()
+        raise
+    finally:
+        with _lock:
+            _running.discard(process)
+    if process.returncode in _INTERRUPTED or _stopped:
+        raise _interrupted(argv)
+    return subprocess.CompletedProcess(argv, process.returncode, output)
+
+
+def stop() -> None:
+    """Interrupts every running build tool (SIGINT: ninja ends the compilers it started) and refuses
+    to start another until :func:`resume`."""
+    global _stopped
+    with _lock:
+        _stopped = True
+        for process in _running:
+            process.send_signal(signal.SIGINT)  # a no-op for one that has ended
+
+
+def resume() -> None:
+    """Lets :func:`run` start tools again (after the builds an interrupt stopped have returned)."""
+    global _stopped
+    with _lock:
+        _stopped = False
