@@ -1,0 +1,271 @@
+"""The happens-before model of the kernel's pair loop (pair_loop_model.py; issue 16, parts 1 and 2): the
+kernel's order has no unordered shared-memory access, f7e0947's has exactly the two known hazards, and
+each mutation of the kernel's order that breaks one ordering is found. No GPU, no compiler, no torch."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from dataclasses import replace
+
+import pytest
+
+from pair_loop_model import (
+    CONSUMERS,
+    F7E0947_ORDER,
+    KERNEL_ORDER,
+    NUM_STAGES,
+    Unit,
+    check,
+    kernel_roles,
+)
+
+pytestmark = pytest.mark.cpu
+
+TRAITS = pathlib.Path(__file__).parents[2] / "include" / "sparse_mla" / "sm90" / "prefill" / "traits.cuh"
+
+# Work units of one CTA, one letter per pair: its softmax path, "E" exact or "F" fast. A unit's first
+# pair is always exact (its references start at -inf).
+FIRST_EXACT = (Unit("EFF"), Unit("EF"))
+ALL_EXACT = (Unit("EEE"), Unit("EE"))
+FOUR_PAIRS = (Unit("EFEF"), Unit("EF"))  # three P buffers are reused within a unit too
+SPLIT_AND_EMPTY = (Unit("EFF", split="publishes"), Unit(""), Unit("E"), Unit("EF", split="merges"))
+SCENARIOS = {"first pair exact": FIRST_EXACT, "all exact": ALL_EXACT, "four pairs": FOUR_PAIRS,
+             "split parts, an empty unit, one pair": SPLIT_AND_EMPTY}
+
+PASSING_ORDERS = {
+    "kernel order": KERNEL_ORDER,
+    "consumer-side proxy fence": replace(KERNEL_ORDER, proxy_fence="consumer"),
+    "three P buffers": replace(KERNEL_ORDER, pv_wait_in_softmax=False, probs_buffers=3),
+    "three P buffers, consumer-side proxy fence": replace(KERNEL_ORDER, pv_wait_in_softmax=False, probs_buffers=3,
+                                                          proxy_fence="consumer"),
+    "proxy fence shared with the softmax's": replace(KERNEL_ORDER, proxy_fence="softmax"),
+}
+
+
+def report(findings):
+    return "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize("units", SCENARIOS.values(), ids=SCENARIOS.keys())
+@pytest.mark.parametrize("order", PASSING_ORDERS.values(), ids=PASSING_ORDERS.keys())
+def test_the_kernel_order_has_no_unordered_access(order, units):
+    findings = check(kernel_roles(order, units))
+    assert not findings, report(findings)
+
+
+def p_buffer_of_block_1(units):
+    """Consumer 0's P.V(p, block 1) reads probs[p % 2][1] until consumer 0 waits for it, after the
+    softmax's barrier; past that barrier consumer 1 runs pair p + 1 and writes pair p + 2's P into the
+    same buffer. Its rewrite on the exact path follows consumer 0's next kProbsReady: ordered."""
+    return {("write-after-read", f"probs[{p % 2}][1]",
+             f"consumer 0 issue_pv reads probs[{p % 2}][1] (unit {u} pair {p})",
+             f"consumer 1 write_probs writes probs[{p % 2}][1] (unit {u} pair {p + 2})")
+            for u, unit in enumerate(units) for p in range(unit.n_pairs - 2)}
+
+
+def gathers_read_by_wgmma_without_fence(units):
+    """Every K operand of Q.K^T, and Q for each unit's first Q.K^T: the later ones follow the reader's
+    fence_view_async_shared of its first P, which comes after its q_full wait and so orders Q too."""
+    found, gp = set(), 0
+    for u, unit in enumerate(units):
+        for p in range(unit.n_pairs):
+            for wg in (0, 1):
+                for tile in [f"kv[{gp % NUM_STAGES}][{wg}]"] + (["q"] if p == 0 else []):
+                    found.add((tile, f"producer cp_async_16 writes {tile} (unit {u} pair {p})",
+                               f"consumer {wg} issue_qk reads {tile} (unit {u} pair {p})"))
+            gp += 1
+    return found
+
+
+@pytest.mark.parametrize("units", [FIRST_EXACT, ALL_EXACT, FOUR_PAIRS],
+                         ids=["first pair exact", "all exact", "four pairs"])
+def test_the_f7e0947_order_is_rejected(units):
+    findings = check(kernel_roles(F7E0947_ORDER, units))
+    proxy = {(f.buffer, f.first, f.second) for f in findings if f.kind == "missing fence.proxy.async"}
+    others = {(f.kind, f.buffer, f.first, f.second) for f in findings if f.kind != "missing fence.proxy.async"}
+    assert others == p_buffer_of_block_1(units), report(findings)
+    assert proxy == gathers_read_by_wgmma_without_fence(units), report(findings)
+
+
+def mutate(roles, agents, match, change=lambda event: []):
+    """The roles with each event of `agents` that `match`es replaced by change(event): dropped by default."""
+    mutated, hits = dict(roles), 0
+    for agent in agents:
+        mutated[agent] = []
+        for event in roles[agent]:
+            hits += match(event)
+            mutated[agent] += change(event) if match(event) else [event]
+    assert hits, "the mutation matched no event: it tests nothing"
+    return mutated
+
+
+def swap_with_next(roles, agent, match):
+    """The roles with each event of `agent` that `match`es moved after the event that follows it."""
+    events = list(roles[agent])
+    moved = [i for i, event in enumerate(events) if match(event)]
+    assert moved, "the mutation matched no event: it tests nothing"
+    for i in moved:
+        events[i], events[i + 1] = events[i + 1], events[i]
+    return {**roles, agent: events}
+
+
+def is_wait(target):
+    return lambda e: e.op == "mbarrier.wait" and e.target.startswith(target)
+
+
+CONSUMER_FENCE = replace(KERNEL_ORDER, proxy_fence="consumer")
+SOFTMAX_FENCE = replace(KERNEL_ORDER, proxy_fence="softmax")
+MUTATIONS = [
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT, lambda r: mutate(r, ["producer"], is_wait("kv_empty")),
+        [("write-after-read", "kv[0][0]",
+          "consumer 0 issue_qk reads kv[0][0] (unit 0 pair 0)",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 2)"),
+         ("write-after-read", "valid[0][1]",
+          "consumer 1 ss.valid (softmax_to_probs' argument) reads valid[0][1] (unit 0 pair 0)",
+          "producer valid bits (lane 0 of each warp) writes valid[0][1] (unit 0 pair 2)"),
+         ("mbarrier phase", "kv_full[0][0]",
+          "phase 0 completes",
+          "producer ClusterBarrier::arrive (after the copies landed) kv_full[0][0] (unit 0 pair 2)")],
+        id="no kv_empty wait"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT, lambda r: mutate(r, ["producer"], is_wait("q_empty")),
+        [("write-after-read", "q",
+          "consumer 0 issue_qk reads q (unit 0 pair 2)",
+          "producer cp_async_16 writes q (unit 1 pair 0)")],
+        id="no q_empty wait"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: is_wait("kv_full")(e) and e.name == "mbarrier_wait"),
+        [("read-after-write", "kv[0][0]",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 0)",
+          "consumer 0 issue_qk reads kv[0][0] (unit 0 pair 0)")],
+        id="no kv_full wait before Q.K^T"),
+    pytest.param(
+        # What the compiler may do to plain stores before an asm without a "memory" clobber (issue 16, 4).
+        KERNEL_ORDER, FIRST_EXACT, lambda r: swap_with_next(r, "producer", lambda e: e.target.startswith("valid")),
+        [("read-after-write", "valid[0][0]",
+          "producer valid bits (lane 0 of each warp) writes valid[0][0] (unit 0 pair 0)",
+          "consumer 0 ss.valid (softmax_to_probs' argument) reads valid[0][0] (unit 0 pair 0)")],
+        id="valid bits stored after their arrive"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.target == "kProbsReady" and e.label == "unit 0 pair 1"),
+        [("read-after-write", "probs[1][1]",
+          "consumer 1 write_probs writes probs[1][1] (unit 0 pair 1)",
+          "consumer 0 issue_pv reads probs[1][1] (unit 0 pair 1)"),
+         ("read-after-write", "probs[1][1]",  # its own P, written by all four of its warps
+          "consumer 1 write_probs writes probs[1][1] (unit 0 pair 1)",
+          "consumer 1 issue_pv reads probs[1][1] (unit 0 pair 1)")],
+        id="no kProbsReady on the fast path"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "fence_view_async_shared (P)"),
+        [("missing fence.proxy.async", "probs[1][1]",
+          "consumer 1 write_probs writes probs[1][1] (unit 0 pair 1)",
+          "consumer 0 issue_pv reads probs[1][1] (unit 0 pair 1)")],
+        id="no fence.proxy.async before kProbsReady"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name.startswith("warpgroup_wait<0> (the previous pair's P.V")),
+        sorted(p_buffer_of_block_1(FIRST_EXACT)),
+        id="no P.V wait in the softmax"),
+    pytest.param(
+        KERNEL_ORDER, ALL_EXACT, lambda r: mutate(r, CONSUMERS, lambda e: e.target == "kRowMaxReady"),
+        [("read-after-write", "row_max[0]",
+          "consumer 0 the pair's row maxima (c == 0) writes row_max[0] (unit 0 pair 0)",
+          "consumer 1 the other consumer's row maxima reads row_max[0] (unit 0 pair 0)")],
+        id="no kRowMaxReady"),
+    pytest.param(
+        KERNEL_ORDER, ALL_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "named_barrier_sync_or<kProbsReady>(rescale)"),
+        [("read-after-write", "alpha[0]",  # written by lanes c == 0, read by every thread
+          "consumer 0 alpha (c == 0) writes alpha[0] (unit 0 pair 1)",
+          "consumer 0 rescale O by alpha reads alpha[0] (unit 0 pair 1)"),
+         ("read-after-write", "probs[0][0]",
+          "consumer 0 write_probs (new references) writes probs[0][0] (unit 0 pair 0)",
+          "consumer 1 issue_pv reads probs[0][0] (unit 0 pair 0)")],
+        id="no kProbsReady on the exact path"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "named_barrier_sync<kRowSumReady> (output scales)"),
+        [("read-after-write", "out_scale",
+          "consumer 0 out_scale (c == 0) writes out_scale (unit 0 epilogue)",
+          "consumer 1 store: the output scales reads out_scale (unit 0 epilogue)")],
+        id="no kRowSumReady before the output scales are read"),
+    pytest.param(
+        KERNEL_ORDER, SPLIT_AND_EMPTY,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "named_barrier_sync<kSplitMerge> (split_last written)"),
+        [("read-after-write", "split_last",
+          "consumer 0 ss.split_last = atomicAdd(...) (t == 0) writes split_last (unit 0 split merge)",
+          "consumer 1 __shfl_sync(ss.split_last) reads split_last (unit 0 split merge)")],
+        id="no kSplitMerge before split_last is read"),
+    pytest.param(
+        # The producer's fence before its copies landed orders nothing.
+        KERNEL_ORDER, FIRST_EXACT, lambda r: swap_with_next(r, "producer", lambda e: e.op == "cp.async.wait_group"),
+        [("missing fence.proxy.async", "kv[0][0]",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 0)",
+          "consumer 0 issue_qk reads kv[0][0] (unit 0 pair 0)")],
+        id="producer fence before cp.async.wait_group"),
+    pytest.param(
+        CONSUMER_FENCE, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.op == "fence.proxy.async" and e.label == "unit 1 pair 0"
+                         and e.name == "fence.proxy.async (before Q.K^T)"),
+        [("missing fence.proxy.async", "q",
+          "producer cp_async_16 writes q (unit 1 pair 0)",
+          "consumer 0 issue_qk reads q (unit 1 pair 0)"),
+         ("missing fence.proxy.async", "kv[1][1]",
+          "producer cp_async_16 writes kv[1][1] (unit 1 pair 0)",
+          "consumer 1 issue_qk reads kv[1][1] (unit 1 pair 0)")],
+        id="consumer-side fence missing before a unit's first Q.K^T"),
+    pytest.param(
+        # The next block acquired after the softmax's fence: only an exact path's second fence follows.
+        SOFTMAX_FENCE, FIRST_EXACT,
+        lambda r: swap_with_next(r, "consumer 0", lambda e: e.name == "mbarrier_wait (next_kv_full)"),
+        [("missing fence.proxy.async", "kv[0][0]",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 2)",
+          "consumer 0 issue_qk reads kv[0][0] (unit 0 pair 2)")],
+        id="softmax's fence before the next block's acquire"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT, lambda r: mutate(r, ["consumer 1"], lambda e: e.target == "kv_empty[0][0]"),
+        [("deadlock", "kv_empty[0][0]", "producer mbarrier_wait kv_empty[0][0] (unit 0 pair 2)", "phase 0")],
+        id="a consumer never releases a block"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, ["consumer 1"], lambda e: e.target == "kv_empty[0][0]" and e.label == "unit 0 pair 0"),
+        [("deadlock", "happens-before cycle")],  # its next arrival completes the phase, after the refill it waits for
+        id="a consumer misses one release"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, ["consumer 1"], lambda e: e.name == "named_barrier_sync<kRowSumReady> (output scales)"),
+        [("deadlock", "kRowSumReady", "consumer 0 passes it 4 times", "consumer 1 2 times")],
+        id="one consumer skips a bar.sync"),
+    pytest.param(
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, ["producer"], is_wait("kv_empty[0][0]"), lambda e: [replace(e, phase=e.phase + 1)]),
+        [("deadlock", "happens-before cycle")],
+        id="producer waits for a stage's next release"),
+]
+
+
+@pytest.mark.parametrize("order, units, mutation, expected", MUTATIONS)
+def test_each_broken_ordering_is_found(order, units, mutation, expected):
+    """Each expected finding as (kind, buffer, first event, second event), or its first fields only
+    (which wait a cycle is reported from is arbitrary)."""
+    findings = check(mutation(kernel_roles(order, units)))
+    found = [(f.kind, f.buffer, f.first, f.second) for f in findings]
+    missing = [e for e in expected if not any(f[: len(e)] == e for f in found)]
+    assert not missing, f"not found: {missing}\nfound:\n{report(findings)}"
+
+
+def test_the_model_names_every_member_of_shared_storage():
+    """A buffer or barrier added to the kernel's shared memory must be added to the model too."""
+    traits = TRAITS.read_text()
+    storage = re.search(r"struct SharedStorage \{(.*?)\n\};", traits, re.S).group(1)
+    members = set(re.findall(r"^\s*(?:alignas\(\d+\)\s+)?\w+\s+(\w+)\s*[\[;]", storage, re.M))
+    named_barriers = set(re.findall(r"^\s*(k\w+) = \d+,", traits, re.M))
+    roles = kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY)
+    targets = {e.target.split("[")[0] for events in roles.values() for e in events if e.target}
+    assert members and named_barriers, "traits.cuh's layout changed: update the patterns above"
+    assert targets == members | named_barriers
