@@ -9,6 +9,8 @@ tvm-ffi, starts no compiler and does not initialize CUDA, so the CLI (``python -
 fast.
 """
 
+from typing import TYPE_CHECKING
+
 from sparse_mla.errors import (
     CacheError,
     JITDisabledError,
@@ -34,7 +36,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+if TYPE_CHECKING:
+    # What a type checker sees: the two lazy names with their real signatures.
+    from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
+    from sparse_mla.jit import warmup
+
+
+def __getattr__(name: str) -> object:
     # The API module imports torch; load it on first use (PEP 562).
     if name == "sparse_mla_q8kv8_prefill_fwd":
         from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
@@ -45,3 +53,8 @@ def __getattr__(name: str):
 
         return warmup
     raise AttributeError(f"module 'sparse_mla' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy names are listed before they are first looked up (PEP 562).
+    return sorted(set(globals()) | set(__all__))

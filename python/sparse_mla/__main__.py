@@ -99,12 +99,10 @@ def _prebuild(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
-        results = list(pool.map(build, keys))
-    except KeyboardInterrupt:
-        # Ends the compiles the signal did not reach (one started just after it) and refuses new ones,
-        # so that the workers the interpreter joins on its way out return at once.
-        interrupt.stop()
-        raise
+        # A Ctrl-C ends the compiles the signal did not reach (one started just after it) and starts no
+        # other, so that the workers the interpreter joins on its way out return at once.
+        with interrupt.stopping_at_interrupt():
+            results = list(pool.map(build, keys))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -670,3 +670,22 @@ def test_a_build_changes_nothing_in_the_environment_other_threads_read(tmp_path,
     assert all(flag in arguments for flag in spec.flags)
     assert result.so_name == f"{KEY.name}.so" and (build_dir / result.so_name).read_text() == "module"
     assert "-gencode=arch=compute_90a,code=sm_90a" in result.command and "ptxas info    : fake" in result.log
+
+
+def test_an_interrupted_warmup_starts_no_further_compile_and_a_later_one_builds(cache_root, monkeypatch, tmp_path, interrupts):
+    compilers = tmp_path / "compilers.log"
+    monkeypatch.setenv("FAKE_JIT_COMPILER_LOG", str(compilers))
+    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "0.1")
+
+    def builder(spec, build_dir):
+        if spec.key.topk == 1:  # its compiler dies of a Ctrl-C
+            return build_module.interrupt.run(["sh", "-c", "kill -INT $$"], build_dir)
+        return fake_jit.fake_build(spec, build_dir)
+
+    monkeypatch.setattr(sparse_mla.jit, "_cpu_count", lambda: 1)
+    monkeypatch.setattr(sparse_mla.jit, "_CACHE", KernelCache(builder=builder, loader=fake_jit.fake_load, spec_for=fake_jit.fake_spec))
+    with pytest.raises(KeyboardInterrupt):
+        sparse_mla.warmup(d_qk=576, topk=[1, 2, 3])
+    assert not compilers.exists(), "a compiler started after the interrupt"
+    sparse_mla.warmup(d_qk=576, topk=[2, 3])  # the process went on: it compiles again
+    assert len(compilers.read_text().split()) == 2

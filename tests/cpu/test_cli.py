@@ -5,8 +5,10 @@ nvcc tier."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,7 +26,8 @@ import fake_jit
 import sparse_mla
 import sparse_mla.__main__ as cli
 from sparse_mla.__main__ import main
-from sparse_mla.jit import store
+from sparse_mla.jit import env, store
+from sparse_mla.jit.build import build_spec
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import KernelKey
 
@@ -339,3 +342,127 @@ def test_env_prints_versions_gpus_roots_and_the_variables_that_are_set(tmp_path)
     given = run_cli("env", "--cache-dir", str(tmp_path / "given"), env=environment)
     rows = dict(re.findall(r"^(.+?):\s+(.*)$", given.stdout, re.MULTILINE))
     assert rows["cache dir (writable)"] == str(tmp_path / "given") and rows["lookup dirs"] == str(tmp_path / "given")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["prebuild", "--d-qk", "576", "--topk", "abc"], "argument --topk: topk values must be positive whole numbers, got 'abc'"),
+        (["prebuild", "--d-qk", "576", "--topk", "64", "-j", "two"], "argument -j/--jobs: must be a whole number, at least 1, got 'two'"),
+        (["clean", "--older-than", "soon"], "argument --older-than: must be a number of days, at least 0, got 'soon'"),
+    ],
+)
+def test_an_argument_that_is_no_number_is_named_without_internal_names(args, words):
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stderr.rstrip().endswith(words), result.stderr
+    assert not re.search(r"invalid _\w+ value", result.stderr)
+
+
+def test_the_compile_lines_of_prebuild_do_not_advise_prebuild(fake_compiler, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="sparse_mla"):
+        assert main(["prebuild", "--d-qk", "576", "--topk", "64", "--cache-dir", str(tmp_path / "cache")]) == 0
+    compiling = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert compiling == ["sparse_mla: compiling sparse_mla_prefill_dqk576_topk64_sm90a (not in the cache yet) ..."]
+
+
+def test_list_of_a_directory_that_does_not_exist_is_an_error(tmp_path, capsys):
+    assert main(["list", "--cache-dir", str(tmp_path / "nowhere")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"error: the cache directory {tmp_path / 'nowhere'} does not exist\n" and captured.out == ""
+
+
+def test_list_of_a_missing_prebuilt_dir_is_an_error_and_of_an_unbuilt_writable_root_is_not(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPARSE_MLA_JIT_CACHE_DIR", str(tmp_path / "writable"))
+    monkeypatch.setenv("SPARSE_MLA_PREBUILT_DIRS", str(tmp_path / "prebuilt"))
+    assert main(["list"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path / 'writable'}: does not exist yet: 0 entries\n"
+    assert captured.err == f"error: the cache directory {tmp_path / 'prebuilt'} does not exist\n"
+    monkeypatch.delenv("SPARSE_MLA_PREBUILT_DIRS")
+    assert main(["list"]) == 0
+
+
+def test_list_says_what_differs_for_each_stale_entry(tmp_path, monkeypatch, capsys):
+    fake_jit.fake_cache(cutlass="4.1.0").prebuild(KernelKey(576, 2048), tmp_path)
+    fake_jit.fake_cache(cuda_version="12090").prebuild(KernelKey(576, 2048), tmp_path)
+    monkeypatch.setattr(cli, "build_spec", fake_jit.fake_spec)  # this host: CUDA 13.0, nvidia-cutlass 4.2.0.0
+    assert main(["list", "--cache-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    cutlass = fake_jit.fake_spec(KernelKey(576, 2048), cutlass="4.1.0").entry_dir(tmp_path).name
+    toolkit = fake_jit.fake_spec(KernelKey(576, 2048), cuda_version="12090").entry_dir(tmp_path).name
+    assert sorted(re.sub(r"\s+", " ", line).strip() for line in lines) == sorted([
+        f"stale {KernelKey(576, 2048).name} {cutlass} 0.0 s entry {cutlass} was built with nvidia-cutlass 4.1.0; "
+        "this host has nvidia-cutlass 4.2.0.0",
+        f"stale {KernelKey(576, 2048).name} {toolkit} 0.0 s entry {toolkit} was built with CUDA 12.9; this host has CUDA 13.0",
+    ]), lines
+
+
+# ---- env --json and env --compare ---------------------------------------------------------------
+
+IDENTITY_FIELDS = {
+    "sparse_mla", "headers_sha256", "arch", "flags", "nvidia-cutlass", "apache-tvm-ffi", "cuda_toolkit", "cuda_driver",
+    "torch", "python",
+}
+
+
+def test_env_json_prints_what_build_host_and_gpu_node_must_agree_on():
+    result = run_cli("env", "--json")
+    assert result.returncode == 0, result.stderr
+    identity = json.loads(result.stdout)
+    assert set(identity) == IDENTITY_FIELDS
+    spec = build_spec(KernelKey(576, 2048))
+    assert identity["sparse_mla"] == sparse_mla.__version__ and identity["arch"] == "sm_90a" == spec.inputs["arch"]
+    assert identity["flags"] == spec.inputs["flags"] + spec.inputs["link_flags"]
+    assert identity["nvidia-cutlass"] == spec.inputs["cutlass"] == importlib.metadata.version("nvidia-cutlass")
+    assert identity["apache-tvm-ffi"] == spec.inputs["tvm_ffi"] == importlib.metadata.version("apache-tvm-ffi")
+    headers = json.dumps(spec.inputs["headers"], sort_keys=True).encode()
+    assert identity["headers_sha256"] == hashlib.sha256(headers).hexdigest()
+    toolkit = env.cuda_version(env.cuda_home())
+    assert identity["cuda_toolkit"] == (f"{int(toolkit) // 1000}.{int(toolkit) % 1000 // 10}" if toolkit else None)
+
+
+def write_identity(path: Path, **changes) -> Path:
+    path.write_text(json.dumps(cli.build_identity() | changes))
+    return path
+
+
+def test_env_compare_with_the_same_host_matches(tmp_path, capsys):
+    assert main(["env", "--compare", str(write_identity(tmp_path / "same.json"))]) == 0
+    assert "match" in capsys.readouterr().out
+
+
+def test_env_compare_prints_each_field_that_differs_and_fails(tmp_path, capsys):
+    here = cli.build_identity()
+    other = write_identity(tmp_path / "node.json", **{"nvidia-cutlass": "4.1.0", "headers_sha256": "0" * 64, "torch": "2.0"})
+    assert main(["env", "--compare", str(other)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f'headers_sha256: this host "{here["headers_sha256"]}", {other} "{"0" * 64}"',
+        f'nvidia-cutlass: this host "{here["nvidia-cutlass"]}", {other} "4.1.0"',
+        "2 differences: kernels prebuilt on one of these hosts do not load on the other",
+    ]
+
+
+@pytest.mark.parametrize(
+    "build_host, node, line",
+    [
+        ({"cuda_toolkit": "13.0"}, {"cuda_toolkit": "12.9"}, "cuda_toolkit: this host 13.0, node.json 12.9"),
+        ({"cuda_toolkit": "13.0"}, {"cuda_toolkit": None, "cuda_driver": "12.8"},
+         "cuda_toolkit: this host builds with CUDA 13.0, node.json's driver runs CUDA 12.8 at most"),
+        ({"cuda_toolkit": "12.9"}, {"cuda_toolkit": None, "cuda_driver": "13.0"}, None),
+        ({"cuda_toolkit": None, "cuda_driver": "12.8"}, {"cuda_toolkit": "13.0"},
+         "cuda_toolkit: node.json builds with CUDA 13.0, this host's driver runs CUDA 12.8 at most"),
+    ],
+    ids=["two-toolkits", "node-driver-too-old", "node-without-toolkit", "this-host-is-the-node"],
+)
+def test_env_compare_asks_of_a_node_without_a_toolkit_only_a_driver_new_enough(build_host, node, line):
+    here, there = cli.build_identity() | build_host, cli.build_identity() | node
+    assert cli._build_differences(here, there, "node.json") == ([line] if line else [])
+
+
+def test_env_compare_of_a_file_that_is_not_env_json_is_an_error(tmp_path, capsys):
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert main(["env", "--compare", str(tmp_path / "other.json")]) == 2
+    assert main(["env", "--compare", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert "is not the output of `env --json`" in err and f"cannot read {tmp_path / 'missing.json'}" in err

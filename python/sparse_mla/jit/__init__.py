@@ -75,12 +75,13 @@ def warmup(d_qk: int | Iterable[int] = 576, topk: int | Iterable[int] = 2048) ->
     # A compile keeps a core busy: more at once than there are cores only makes each slower.
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(unique), _cpu_count())) as pool:
         try:
-            for _ in pool.map(_CACHE.get, unique):
-                pass
+            # The compilers the signal did not reach, and those about to start, stop too.
+            with interrupt.stopping_at_interrupt():
+                for _ in pool.map(_CACHE.get, unique):
+                    pass
         except KeyboardInterrupt:
-            interrupt.stop()  # the compilers the signal did not reach, and those about to start
             try:
                 pool.shutdown(wait=True, cancel_futures=True)
             finally:
-                interrupt.resume()
+                interrupt.resume()  # this process may go on (a notebook): its next call may compile
             raise

@@ -34,7 +34,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, KernelLoadError, SparseMLAError
 from sparse_mla.jit import env, store
@@ -110,19 +111,19 @@ class KernelCache:
                 key_name=key.name,
                 prebuild_command=key.prebuild_command,
             )
-        root = env.cache_dir()
-        if root is None:
+        writable = env.cache_dir()
+        if writable is None:
             raise CacheError(
                 f"kernel {key.name} is in no cache root and there is no writable one to compile it into: the "
                 "default lives in the home directory, which this process has none of (HOME is unset and its uid "
                 "has no passwd entry); set SPARSE_MLA_JIT_CACHE_DIR to a writable directory"
             )
-        return self.build(spec, root, stale=stale)[2]
+        return self.build(spec, writable, stale=stale)[2]
 
     def _load(self, spec: BuildSpec, root: Path, entry_dir: Path, found: store.Inspection) -> Any:
         """The module of an intact entry; None (logged) when it holds another kernel, or changed while
         it was being loaded. Raises KernelLoadError when an entry that is still intact does not load."""
-        so_path = entry_dir / found.meta["so_file"]
+        so_path = entry_dir / found.key_json["so_file"]
         try:
             module = self._loader(so_path)
             loaded_key = str(getattr(module, KEY_FUNCTION)())
@@ -282,7 +283,7 @@ def _keep_only(build_dir: Path, names: set[str]) -> None:
 
 
 @contextlib.contextmanager
-def _cache_errors(root: Path, advice: str):
+def _cache_errors(root: Path, advice: str) -> Iterator[None]:
     """Turns file-system failures in a cache root into one actionable CacheError."""
     try:
         yield

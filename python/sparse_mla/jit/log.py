@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 logger = logging.getLogger("sparse_mla")
 
@@ -28,12 +29,12 @@ class _StderrUntilConfigured(logging.StreamHandler):
         super().__init__()
         self.setFormatter(logging.Formatter("%(message)s"))
 
-    @property
-    def stream(self):
+    @property  # the current sys.stderr, read at each write
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; sys.stderr is read at each write
+    def stream(self, value: TextIO) -> None:  # StreamHandler.__init__ assigns it; sys.stderr is read at each write
         pass
 
     def emit(self, record: logging.LogRecord) -> None:

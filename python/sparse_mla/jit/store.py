@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sparse_mla.errors import SparseMLAError
 from sparse_mla.jit import env
@@ -62,8 +62,15 @@ class Inspection:
 
     state: str  # "absent", "ok", "corrupt", "unreadable" or "untrusted"
     reason: str = ""
-    meta: dict | None = None  # key.json of an intact entry
+    meta: dict[str, Any] | None = None  # key.json of an intact entry
     owner: int | None = None  # uid of the entry folder, when there is one
+
+    @property
+    def key_json(self) -> dict[str, Any]:
+        """key.json of an intact entry (state "ok")."""
+        if self.meta is None:
+            raise ValueError(f"an entry that is {self.state} has no key.json to read")
+        return self.meta
 
 
 # ---- trust ------------------------------------------------------------------------------------------
@@ -107,7 +114,7 @@ def trust_problem(root: Path, path: Path) -> str | None:
 _FIELDS = {"key": dict, "digest": str, "source_digest": str, "so_file": str, "so_sha256": str}
 
 
-def _field_problem(meta) -> str | None:
+def _field_problem(meta: Any) -> str | None:
     if not isinstance(meta, dict):
         return "key.json does not hold an object"
     for name, kind in _FIELDS.items():
@@ -168,7 +175,7 @@ def read_intact(root: Path, entry_dir: Path) -> Inspection:
     return Inspection("ok", meta=meta, owner=owner)
 
 
-def expected_digest(spec: BuildSpec, meta: dict) -> str:
+def expected_digest(spec: BuildSpec, meta: dict[str, Any]) -> str:
     """The digest an entry of ``spec`` has; on a host without a CUDA toolkit, the one of the
     toolkit the entry records."""
     if spec.cuda_version is not None:
@@ -181,7 +188,7 @@ def inspect(spec: BuildSpec, root: Path, entry_dir: Path) -> Inspection:
     found = read_intact(root, entry_dir)
     if found.state != "ok":
         return found
-    meta = found.meta
+    meta = found.key_json
     if meta["key"]["name"] != spec.key.name or meta["digest"] != expected_digest(spec, meta):
         return Inspection("corrupt", f"key.json holds {meta['key']['name']} with digest {meta['digest'][:16]}, "
                           f"not {spec.key.name} with digest {expected_digest(spec, meta)[:16]}", owner=found.owner)
@@ -287,8 +294,8 @@ def near_misses(spec: BuildSpec, root: Path) -> list[str]:
         if not re.fullmatch(r"[0-9a-f]{16}", entry_dir.name):
             continue
         found = read_intact(root, entry_dir)
-        if found.state == "ok" and found.meta is not None and found.meta["key"]["name"] == spec.key.name:
-            different = differences(spec, found.meta)
+        if found.state == "ok" and found.key_json["key"]["name"] == spec.key.name:
+            different = differences(spec, found.key_json)
             if different:
                 sentences.append(f"{describe(entry_dir, different)} (in {root})")
     return sentences
@@ -401,7 +408,7 @@ def lock_path(entry_dir: Path) -> Path:
     return entry_dir.parent / f".{entry_dir.name}.lock"
 
 
-def _read_holder(handle) -> str:
+def _read_holder(handle: IO[str]) -> str:
     """The name the lock's holder wrote in the lock file. The holder writes it just after taking the
     lock, so a waiter that arrives in between finds the file empty: it reads again for up to
     HOLDER_WAIT_SECONDS before it settles for "another process" (a holder that cannot write the file)."""
@@ -415,7 +422,7 @@ def _read_holder(handle) -> str:
 
 
 @contextlib.contextmanager
-def entry_lock(entry_dir: Path, what: str):
+def entry_lock(entry_dir: Path, what: str) -> Iterator[None]:
     """An exclusive lock on the entry's lock file, which names its holder while held; waiting for it
     is announced. Where the file system has no locks (ENOLCK), warns once and goes on without."""
     path = lock_path(entry_dir)
@@ -497,7 +504,7 @@ def scan(root: Path, spec_for: Callable[[KernelKey], BuildSpec]) -> list[EntrySt
         if found.state != "ok":
             statuses.append(EntryStatus(entry_dir, entry_dir.parent.name, found.state, found.reason))
             continue
-        meta = found.meta
+        meta = found.key_json
         key = KernelKey(meta["key"]["d_qk"], meta["key"]["topk"], meta["key"]["arch"])
         state, detail = "ok", ""
         try:
