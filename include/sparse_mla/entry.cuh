@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <cuda_runtime.h>
 #include <tvm/ffi/container/tensor.h>
@@ -87,6 +88,30 @@ inline void check_aligned_rows(const ffi::TensorView& t, const char* name) {
   }
 }
 
+// Two elements of an output never share an address (a zero stride, say): the kernel would write both.
+// Taking dimensions by increasing stride, each stride must step past everything the smaller ones span.
+inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
+  int64_t strides[3], sizes[3];
+  int n = 0;
+  for (int dim = 0; dim < t.ndim() && n < 3; ++dim) {
+    if (t.size(dim) > 1) {
+      strides[n] = t.stride(dim);
+      sizes[n++] = t.size(dim);
+    }
+  }
+  for (int i = 1; i < n; ++i) {  // insertion sort by stride
+    for (int j = i; j > 0 && strides[j] < strides[j - 1]; --j) {
+      std::swap(strides[j], strides[j - 1]);
+      std::swap(sizes[j], sizes[j - 1]);
+    }
+  }
+  int64_t span = 1;
+  for (int i = 0; i < n; ++i) {
+    if (strides[i] < span) TVM_FFI_THROW(ValueError) << name << " must not overlap itself";
+    span += strides[i] * (sizes[i] - 1);
+  }
+}
+
 }  // namespace detail
 
 // q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
@@ -119,6 +144,9 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, detail::kDV});
   check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
   check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
+  detail::check_no_self_overlap(out, "out");
+  detail::check_no_self_overlap(max_logits, "max_logits");
+  detail::check_no_self_overlap(lse, "lse");
   if (attn_sink.has_value()) {
     check_tensor(*attn_sink, "attn_sink", device, kDLFloat, 32, {h_q});
     detail::check_contiguous(*attn_sink, "attn_sink");
@@ -148,6 +176,9 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   if (split) {
     check_tensor(*split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
     detail::check_contiguous(*split_workspace, "split_workspace");
+    if (reinterpret_cast<uintptr_t>(detail::data_of<float>(*split_workspace)) % 16 != 0) {
+      TVM_FFI_THROW(ValueError) << "split_workspace must start at a 16-byte boundary (the merge moves float4s)";
+    }
     check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
     detail::check_contiguous(*split_counters, "split_counters");
   }
@@ -171,7 +202,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.attn_sink = attn_sink.has_value() ? detail::data_of<const float>(*attn_sink) : nullptr;
   params.q_scale = detail::data_of<const float>(q_scale);
   params.kv_scale = detail::data_of<const float>(kv_scale);
-  params.sm_scale = static_cast<float>(sm_scale);
+  params.sm_scale = sm_scale;
   params.out = detail::data_of<bf16>(out);
   params.out_stride_s = out.stride(0);
   params.out_stride_h = out.stride(1);

@@ -32,7 +32,7 @@ struct PrefillParams {
   const float* attn_sink;      // [h_q] or nullptr; one extra logit per head with a zero value vector
   const float* q_scale;        // [1], dequantization scale of q (read on the device: no host sync)
   const float* kv_scale;       // [1], dequantization scale of kv
-  float sm_scale;              // softmax scale applied to <Q, K> (natural-log units)
+  double sm_scale;             // softmax scale applied to <Q, K> (natural-log units); |sm_scale| <= 2^99
 
   bf16* out;                 // [s_q, h_q, d_v], last dimension contiguous
   int64_t out_stride_s;

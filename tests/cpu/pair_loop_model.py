@@ -59,8 +59,10 @@ class KernelOrder:
     """The orderings issue 16 chooses between."""
 
     pv_wait_in_softmax: bool  # (a) softmax_to_probs retires the in-flight P.V before its first kProbsReady
-    # Where the cp.async gathers are fenced for wgmma: "none"; "producer": (b) per block and for Q,
-    # wait_group 0, fence, then a plain arrive; "consumer": (c) a fence after each kv_full wait of the
+    # Where the cp.async gathers are fenced for wgmma: "none"; "producer": per pair, both blocks
+    # issued and committed, then wait_group 1 (block 0, and Q on a unit's first pair, landed), fence,
+    # arrive on q_full and kv_full of block 0, then wait_group 0, fence, arrive on block 1 (a unit with
+    # no pair: Q alone, wait_group 0, fence, arrive); "consumer": (c) a fence after each kv_full wait of the
     # consumer's own block, before its Q.K^T; "softmax": the kv_full wait of pair p + 1's own block
     # moved into softmax(p), before the fence its P needs anyway, which then serves both (the first
     # block of a unit: a fence after its wait, as in (c)).
@@ -75,8 +77,9 @@ class KernelOrder:
 # The kernel at f7e0947: P.V(p, block 1) retired after the softmax's barrier, the cp.async-tracking
 # arrive and no proxy fence anywhere.
 F7E0947_ORDER = KernelOrder(pv_wait_in_softmax=False, proxy_fence="none", probs_buffers=2)
-# The order the kernel ships, issue 16's (a) and (b); the kernel's pair loop points here. The one
-# definition: change it with the kernel, in the same commit.
+# The order the kernel ships: the P.V wait before the softmax's first barrier and the producer-side
+# proxy fence, per pair; consumer.cuh and producer.cuh point here. The one definition: change it with
+# the kernel, in the same commit.
 KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", probs_buffers=2)
 
 
@@ -100,6 +103,7 @@ class Event:
     target: str = ""  # the shared buffer or barrier
     phase: int = 0  # mbarrier.wait: the phase index (the kernel waits for its parity)
     pending: int = 0  # wait_group: groups left in flight
+    arrivals: int = 1  # mbarrier.arrive: how many of the agent's per-phase arrivals it stands for
     cross_thread: bool = False  # reaches elements other threads of the warpgroup access
     where: tuple = ()  # (unit, pair) the statement works on, to tell which access is meant first
     label: str = ""  # "unit 0 pair 2", "unit 1 epilogue"
@@ -129,8 +133,8 @@ def cpasync_barrier_arrive_noinc(barrier):
     return Event("mbarrier.arrive.noinc", "cpasync_barrier_arrive_noinc", barrier)
 
 
-def arrive(barrier, name="ClusterBarrier::arrive"):
-    return Event("mbarrier.arrive", name, barrier)
+def arrive(barrier, name="mbarrier_arrive", arrivals=1):
+    return Event("mbarrier.arrive", name, barrier, arrivals=arrivals)
 
 
 def mbarrier_wait(barrier, phase, name="mbarrier_wait"):
@@ -199,7 +203,12 @@ def producer_events(order, units):
         p.at(unit_count, 0)
         if unit_count > 0:
             p(mbarrier_wait("q_empty", unit_count - 1))
-        p(cp_async_16("q"), *_arrive_for_copies(order, "q_full"))
+        if order.proxy_fence == "producer":
+            p(cp_async_16("q"), cp_async_commit_group())
+            if unit.n_pairs == 0:
+                p(*_landed_then_arrive(0, ["q_full"]))
+        else:
+            p(cp_async_16("q"), cpasync_barrier_arrive_noinc("q_full"))
         for pair in range(unit.n_pairs):
             gp = pair_base + pair
             stage = gp % NUM_STAGES
@@ -207,21 +216,28 @@ def producer_events(order, units):
             for b in (0, 1):
                 if gp >= NUM_STAGES:
                     p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
-                p(cp_async_16(f"kv[{stage}][{b}]"),
-                  *_arrive_for_copies(order, f"kv_full[{stage}][{b}]"),
-                  st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)"),
-                  arrive(f"kv_full[{stage}][{b}]", "ClusterBarrier::arrive (lane 0 of each warp)"))
+                valid = st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)")
+                if order.proxy_fence == "producer":
+                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_commit_group(), valid)
+                else:
+                    p(cp_async_16(f"kv[{stage}][{b}]"), cpasync_barrier_arrive_noinc(f"kv_full[{stage}][{b}]"), valid,
+                      arrive(f"kv_full[{stage}][{b}]", "ClusterBarrier::arrive (lane 0 of each warp)"))
+            if order.proxy_fence == "producer":
+                p(*_landed_then_arrive(1, (["q_full"] if pair == 0 else []) + [f"kv_full[{stage}][0]"]),
+                  *_landed_then_arrive(0, [f"kv_full[{stage}][1]"]))
         pair_base += unit.n_pairs
-    p(cp_async_wait_all())
+    if order.proxy_fence != "producer":
+        p(cp_async_wait_all())
     return p.events
 
 
-def _arrive_for_copies(order, barrier):
-    """Every producer thread's arrival for its copies: the cp.async-tracking arrive, or (b)."""
-    if order.proxy_fence == "producer":
-        return [cp_async_commit_group(), cp_async_wait_group(0), fence_proxy_async("fence.proxy.async.shared::cta"),
-                arrive(barrier, "ClusterBarrier::arrive (after the copies landed)")]
-    return [cpasync_barrier_arrive_noinc(barrier)]
+def _landed_then_arrive(pending, barriers):
+    """The producer-side handoff: wait until `pending` groups are left in flight, fence for the async
+    proxy, then arrive. On kv_full each thread's one arrival stands for both of the noinc order's (its
+    copies, and lane 0's valid bits: KV_FULL_ARRIVALS = 128 there, 128 + 4 before)."""
+    return [cp_async_wait_group(pending), fence_proxy_async("fence_view_async_shared (copies landed)"),
+            *(arrive(barrier, "mbarrier_arrive (after the copies landed)", 2 if barrier.startswith("kv") else 1)
+              for barrier in barriers)]
 
 
 # ---- A consumer: kernel.cuh's unit loop (run_consumer_mainloop, merge_split_parts, store_outputs). ----
@@ -463,7 +479,7 @@ class Graph:
                     self.edge(copy, completes)
                 self.arrivals[e.target][agent].append(completes)
             elif e.op == "mbarrier.arrive":
-                self.arrivals[e.target][agent].append(n)
+                self.arrivals[e.target][agent] += [n] * e.arrivals
             elif e.op == "mbarrier.wait":
                 self.waits.append((e.target, e.phase, n))
             elif e.op == "fence.proxy.async":

@@ -10,8 +10,17 @@
 // Software pipeline (iteration p; the tensor cores always have queued work except around waits):
 //   rescale O (rare); Q.K^T(p + 1); A0 = V^T(block 0 of p); release block 0; P.V(p, block 0); wait
 //   A1 = V^T(block 1 of p); release block 1; P.V(p, block 1)
-//   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait
+//   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait; kProbsReady
 // A block is released as soon as its rows are in registers, so the producer refills it early.
+// What orders each shared buffer (a change to this order, or to the producer's, changes the
+// happens-before model in tests/cpu/pair_loop_model.py in the same commit, and its test must pass):
+// - probs[b][w]: written by consumer w in softmax(p) for b = p % 2, read by both consumers' P.V(p).
+//   Its next writer, softmax(p + 2), runs after the kProbsReady of softmax(p + 1), which each
+//   consumer reaches only after retiring its P.V(p) (block 0's before softmax(p + 1), block 1's
+//   inside it, before the barrier).
+// - KV stages and Q: cp.async writes that the producer waits for and fences for the async proxy
+//   before arriving on kv_full / q_full (producer.cuh); released through kv_empty / q_empty by every
+//   consumer thread once its Q.K^T and ldmatrix reads of them are done.
 // Only P.V of block 0 and Q.K^T run together: ptxas frees wgmma operand registers only at a
 // wait_group 0, and O (128) + A (2 x 32) + S (32) would not fit the 232-register budget.
 // P.V is computed transposed (O^T = V^T . P^T) so that V needs no transpose in shared memory: the
@@ -143,8 +152,9 @@ struct BlockLogits {
         const float p0 = prob(k0), p1 = prob(k0 + 1), p2 = prob(k2), p3 = prob(k2 + 1);
         psum[h] += (p0 + p1) + (p2 + p3);
         st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), to_e4m3x2(p0, p1) | (to_e4m3x2(p2, p3) << 16));
-        // A tree per group: the chain to the row max is 6 deep, not 16.
-        m = fmaxf(m, fmaxf(fmaxf(logit(k0), logit(k0 + 1)), fmaxf(logit(k2), logit(k2 + 1))));
+        // A tree per group: the chain to the row max is 6 deep, not 16. NaN-propagating, so that a
+        // NaN logit makes max_logits NaN too (the reference moves only on a true comparison, never to NaN).
+        m = max_nan(m, max_nan(max_nan(logit(k0), logit(k0 + 1)), max_nan(logit(k2), logit(k2 + 1))));
       }
       mloc[h] = m;
     }
@@ -171,11 +181,18 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   float mloc[2], psum[2];
   logits.write_probs(all_valid, st.reference, probs, swz, psum, mloc);
   cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
+  // This consumer's P.V of the previous pair's block 1 (the wgmma group in flight) reads
+  // probs[buf ^ 1][1], which consumer 1 overwrites with the P of the pair after this one as soon as
+  // both have passed the barrier below: retire it before arriving (the barrier then orders the
+  // tensor cores' reads before those stores). Block 0's P.V was retired before this softmax.
+  cute::warpgroup_wait<0>();
   bool moved = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    st.row_max[h] = fmaxf(st.row_max[h], mloc[h]);
-    moved = moved || mloc[h] > st.reference[h] + REFERENCE_SLACK;  // false while mloc is -inf
+    st.row_max[h] = max_nan(st.row_max[h], mloc[h]);
+    // A difference, not mloc > reference + slack: the sum rounds to the reference itself once
+    // |reference| >= 2^27. False while mloc is -inf or NaN.
+    moved = moved || mloc[h] - st.reference[h] > REFERENCE_SLACK;
   }
   if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
 #pragma unroll
@@ -186,8 +203,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   // The exact path: the pair's row maxima, from the 4 threads of a row and both consumers.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
-    mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
+    mloc[h] = max_nan(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
+    mloc[h] = max_nan(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
     if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
   }
   named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
@@ -196,9 +213,9 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float mx = fmaxf(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
+    const float mx = max_nan(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
     alpha[h] = 1.f;
-    if (mx > st.reference[h] + REFERENCE_SLACK) {  // false while mx is -inf
+    if (mx - st.reference[h] > REFERENCE_SLACK) {  // false while mx is -inf or NaN
       alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
       rescale = rescale || st.reference[h] != -INFINITY;
       st.reference[h] = mx;
@@ -236,7 +253,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   }
   mbarrier_wait(&ss.q_full, unit_count & 1);
   if (n_pairs == 0) {
-    ClusterBarrier::arrive(&ss.q_empty);
+    mbarrier_arrive(&ss.q_empty);
     return;
   }
 
@@ -260,7 +277,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     const bool has_next = pair + 1 < n_pairs;
     // The unit's last Q.K^T completed in the previous iteration (or before the loop): Q may be
     // replaced by the next unit's.
-    if (!has_next) ClusterBarrier::arrive(&ss.q_empty);
+    if (!has_next) mbarrier_arrive(&ss.q_empty);
 
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
@@ -288,17 +305,17 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       load_v_fragments(smem_addr(ss.kv[stage][0]), v_lane_offset, a);
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
       // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
-      ClusterBarrier::arrive(&ss.kv_empty[stage][0]);
+      mbarrier_arrive(&ss.kv_empty[stage][0]);
       issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
       cute::warpgroup_wait<0>();
       fence_operands(s);
     }
     if constexpr (ONE_BLOCK) {
-      ClusterBarrier::arrive(&ss.kv_empty[stage][1]);
+      mbarrier_arrive(&ss.kv_empty[stage][1]);
     } else {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
-      ClusterBarrier::arrive(&ss.kv_empty[stage][1]);  // as block 0 above
+      mbarrier_arrive(&ss.kv_empty[stage][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
     if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);

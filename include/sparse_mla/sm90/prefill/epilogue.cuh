@@ -31,8 +31,8 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
-    row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+    row_max[h] = max_nan(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
+    row_max[h] = max_nan(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
     if (c == 0) {
       ss.row_sum[wg][16 * warp + g + 8 * h] = row_sum[h];
       ss.row_max[wg][16 * warp + g + 8 * h] = row_max[h];
@@ -46,12 +46,15 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       const int row = 16 * warp + g + 8 * h;
       const int head = head_begin + row;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
+      const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
       float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
-      if (st.reference[h] != -INFINITY) {
+      if (st.reference[h] == -INFINITY && isnan(row_max)) {
+        scale = lse = mx = NAN;  // valid slots whose logits are all NaN: NaN, as out, lse and max_logits of any NaN row
+      } else if (st.reference[h] != -INFINITY) {
         // Approximate intrinsics (a few ulps; sum lies in [2^-1/4, 2^8.25 * topk], the max logit's P
-        // being at least 2^-1/4): no slow-path calls.
+        // being at least 2^-1/4): no slow-path calls. A NaN logit makes sum, and so all three, NaN.
         lse = (st.reference[h] + __log2f(sum)) * LN2;
-        mx = fmaxf(ss.row_max[0][row], ss.row_max[1][row]) * LN2;
+        mx = row_max * LN2;
         scale = __fdividef(kv_scale, sum);
         // A sink of +inf gives 1 / inf = 0: the row's output is zero.
         if (params.attn_sink != nullptr && row < num_heads) {

@@ -21,6 +21,18 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// sm_scale * q_scale * kv_scale * log2(e), the multiplier from a raw Q.K^T sum to a logit in log2
+// units, folded in double and clamped to +-2^100: a raw sum is below D_QK * 448^2 < 2^27 in
+// magnitude, so no logit overflows fp32 and no inf - inf makes a NaN. The clamp binds only past
+// |sm_scale * q_scale * kv_scale| = 2^100 / log2(e) (about 8.8e29; the host refuses |sm_scale| > 2^99):
+// out is then still the softmax's (at that temperature, its argmax), max_logits and lse saturate.
+__device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
+  constexpr double LOG2E = 1.4426950408889634;
+  constexpr double LIMIT = 0x1p100;
+  const double folded = params.sm_scale * static_cast<double>(*params.q_scale) * static_cast<double>(*params.kv_scale) * LOG2E;
+  return static_cast<float>(folded > LIMIT ? LIMIT : folded < -LIMIT ? -LIMIT : folded);  // NaN stays NaN
+}
+
 // Grid: one CTA per SM at most; each CTA walks its work units (traits.cuh, WorkUnit).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
@@ -38,7 +50,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   const int n_units = static_cast<int>(num_work_units(params));
 
   if (threadIdx.x == 0) {
-    ClusterBarrier::init(&ss.q_full, 128);
+    ClusterBarrier::init(&ss.q_full, Q_FULL_ARRIVALS);
     ClusterBarrier::init(&ss.q_empty, NUM_CONSUMER_THREADS);
 #pragma unroll
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
@@ -56,8 +68,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     run_producer<D_QK, TOPK>(params, ss, head_blocks, n_units);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
-    const float scale_log2 = static_cast<float>(static_cast<double>(params.sm_scale) * static_cast<double>(*params.q_scale) *
-                                                static_cast<double>(*params.kv_scale) * 1.4426950408889634);
+    const float scale_log2 = logit_scale_log2(params);
     int pair_base = 0;
     for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
       const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);

@@ -37,11 +37,26 @@ __device__ __forceinline__ void mbarrier_wait(const uint64_t* bar, uint32_t phas
   asm volatile("" ::: "memory");
 }
 
+// Arrives on an mbarrier (release: this thread's earlier shared-memory accesses are ordered before the
+// phase completes); the "memory" clobber keeps the compiler from moving plain accesses past it.
+__device__ __forceinline__ void mbarrier_arrive(const uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // 16 bytes global -> shared; an invalid source is zero-filled and never read.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
                : "memory");
+}
+
+// Closes this thread's group of cp.asyncs issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <int ID, int THREADS>
@@ -79,6 +94,14 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+// max(a, b), NaN if either is (fmaxf returns the other operand): a NaN logit reaches max_logits as it
+// reaches out and lse.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
 

@@ -106,7 +106,7 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
       const float wr = weight(reference_of(p, 16 * warp + g + 8 * h), row_reference[h]);
       const float sum = h == 0 ? stats.x : stats.y, mx = h == 0 ? stats.z : stats.w;
       st.row_sum[h] = p == 0 ? sum * wr : fmaf(sum, wr, st.row_sum[h]);
-      st.row_max[h] = p == 0 ? mx : fmaxf(st.row_max[h], mx);
+      st.row_max[h] = p == 0 ? mx : max_nan(st.row_max[h], mx);
     }
   }
   st.reference[0] = row_reference[0];

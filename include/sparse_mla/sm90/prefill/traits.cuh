@@ -67,16 +67,18 @@ struct SharedStorage {
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
-  uint64_t q_full;                       // Q of the CTA's current work unit landed (128 producer arrivals)
+  uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done (256 arrivals)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (256 arrivals)
 };
 
-// Arrivals that complete kv_full: one cp.async-tracking arrival per producer thread, and one plain
-// arrival per producer warp after it wrote its valid bits.
-constexpr int KV_FULL_ARRIVALS = 128 + 4;
+// Arrivals that complete q_full and kv_full: one per producer thread, once its copies landed and were
+// fenced for the async proxy (lane 0 of each warp after it also wrote its valid bits).
+constexpr int NUM_PRODUCER_THREADS = NUM_THREADS - NUM_CONSUMER_THREADS;
+constexpr int KV_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
+constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 // Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
 // reads are released to the producer (an arrival by one lane would release only that lane's).
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
@@ -100,7 +102,10 @@ struct WorkUnit {
 };
 
 // Blocks of B_H heads per query token.
-__host__ __device__ __forceinline__ int num_head_blocks(const PrefillParams& params) { return (params.h_q + B_H - 1) / B_H; }
+// (Not (h_q + B_H - 1) / B_H: that overflows int for h_q near INT32_MAX.)
+__host__ __device__ __forceinline__ int num_head_blocks(const PrefillParams& params) {
+  return params.h_q / B_H + (params.h_q % B_H != 0);
+}
 
 // Work items: (query token, 64-head block) pairs; work units: the items, the split ones counted per part.
 __host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params) {
