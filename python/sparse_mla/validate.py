@@ -23,6 +23,10 @@ INT32_MAX = 2**31 - 1
 # its CTA stride; include/sparse_mla/entry.cuh refuses more items with the same rule (kMaxItems).
 HEAD_BLOCK = 64
 MAX_WORK_ITEMS = INT32_MAX - (1 << 20)
+# The kernel folds sm_scale * q_scale * kv_scale * log2(e) into one fp32 multiplier clamped to 2^100
+# (no logit can overflow fp32 then; include/sparse_mla/sm90/prefill/kernel.cuh): with unit scales the
+# clamp binds past |sm_scale| = 2^100 / log2(e), so larger values are refused.
+MAX_SM_SCALE = 2.0**99
 # q and kv rows are gathered with 16-byte vector loads (one e4m3 value is one byte).
 ROW_ALIGNMENT = 16
 
@@ -196,8 +200,8 @@ def validate_prefill_args(
             f"s_q * ceil(h_q / {HEAD_BLOCK}) (the kernel's work items) must not exceed {MAX_WORK_ITEMS}, got "
             f"s_q {s_q} and h_q {h_q}"
         )
-    if not math.isfinite(sm_scale):
-        _fail(f"sm_scale must be finite, got {sm_scale}")
+    if not math.isfinite(sm_scale) or abs(sm_scale) > MAX_SM_SCALE:
+        _fail(f"sm_scale must be finite and at most 2^99 = {MAX_SM_SCALE:.3g} in magnitude, got {sm_scale}")
 
     # Strides: q and kv may be views with a contiguous last dimension; the small inputs are contiguous.
     for name, t in (("q", q), ("kv", kv)):

@@ -8,12 +8,12 @@ import pytest
 @pytest.fixture
 def no_compiler(monkeypatch):
     """Fails the test if anything reaches the JIT (key building, cache lookup, compile)."""
-    import sparse_mla.api
     import sparse_mla.jit.cache
+    import sparse_mla.launch
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a rejected call reached the JIT")
 
-    monkeypatch.setattr(sparse_mla.api, "get_module", forbidden)
-    monkeypatch.setattr(sparse_mla.api, "_check_hopper", forbidden)
+    monkeypatch.setattr(sparse_mla.launch, "get_module", forbidden)
+    monkeypatch.setattr(sparse_mla.launch, "check_hopper", forbidden)
     monkeypatch.setattr(sparse_mla.jit.cache.KernelCache, "get", forbidden)

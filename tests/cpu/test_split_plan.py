@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparse_mla.api import _split_plan
+from sparse_mla.launch import split_plan
 
 
 @pytest.mark.parametrize(
@@ -29,14 +29,14 @@ from sparse_mla.api import _split_plan
     ],
 )
 def test_examples(items, num_sms, topk, plan):
-    assert _split_plan(items, num_sms, topk) == plan
+    assert split_plan(items, num_sms, topk) == plan
 
 
 def test_every_plan_cuts_only_the_last_round_into_parts_that_fit_it():
     for num_sms in (1, 2, 78, 114, 132):
         for topk in (1, 64, 255, 256, 511, 512, 1024, 2048, 4096):
             for items in range(0, 10 * num_sms + 2):
-                split_begin, parts = _split_plan(items, num_sms, topk)
+                split_begin, parts = split_plan(items, num_sms, topk)
                 context = f"items {items}, num_sms {num_sms}, topk {topk}: plan {(split_begin, parts)}"
                 if parts == 1:
                     assert split_begin == items, context
@@ -46,3 +46,9 @@ def test_every_plan_cuts_only_the_last_round_into_parts_that_fit_it():
                 assert split_begin % num_sms == 0 and 0 < tail and tail * parts <= num_sms, context
                 # never a split when the last round is more than half full, or past 8 rounds
                 assert 2 * tail <= num_sms and items <= 8 * num_sms, context
+
+
+@pytest.mark.parametrize("items", [1, 66, 437, 990])
+def test_the_batch_invariant_mode_never_splits(items):
+    assert split_plan(items, 132, 2048) != (items, 1)
+    assert split_plan(items, 132, 2048, batch_invariant=True) == (items, 1)

@@ -138,6 +138,23 @@ def test_sm_scale_must_be_finite(value):
     _rejects(ValueError, "sm_scale must be finite", sm_scale=value)
 
 
+@pytest.mark.parametrize("value", [2.0**99 * (1 + 2**-52), -1e30, 1e33])
+def test_sm_scale_past_the_kernels_range_is_refused(value):
+    _rejects(ValueError, r"sm_scale must be finite and at most 2\^99 = 6.34e\+29 in magnitude, got", sm_scale=value)
+
+
+@pytest.mark.parametrize("value", [2.0**99, -(2.0**99), -0.04])
+def test_sm_scale_at_the_limit_and_negative_is_accepted(value):
+    validate_prefill_args(**_full_args(sm_scale=value))
+
+
+def test_batch_invariant_must_be_a_bool_or_none():
+    from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+
+    with pytest.raises(TypeError, match=r"^batch_invariant must be True, False or None, got 1$"):
+        sparse_mla_q8kv8_prefill_fwd(**_full_args(), batch_invariant=1)
+
+
 def test_integer_sm_scale_is_accepted():
     validate_prefill_args(**_full_args(sm_scale=1))
 
@@ -334,14 +351,14 @@ def test_cpu_call_without_any_compiler_on_path_raises_the_documented_message(tmp
 
 
 def test_a_gpu_that_is_not_hopper_is_refused_before_the_jit(monkeypatch):
-    import sparse_mla.api as api
+    import sparse_mla.launch as launch
     from sparse_mla.errors import UnsupportedGPUError
 
-    monkeypatch.setattr(api, "_CAPABILITY", {})
+    monkeypatch.setattr(launch, "_CAPABILITY", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
-    monkeypatch.setattr(api, "get_module", lambda key: pytest.fail("reached the JIT"))
+    monkeypatch.setattr(launch, "get_module", lambda key: pytest.fail("reached the JIT"))
     args = valid_args()
     with pytest.raises(UnsupportedGPUError, match=r"needs an SM90 \(Hopper.*A100-SXM4-80GB, compute capability 8.0"):
-        api._launch(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], None, None,
-                    None, None, None, 0.04)
+        launch.launch(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], None, None,
+                      None, None, None, 0.04, False)
