@@ -8,6 +8,11 @@
   slots, NaN KV rows behind invalid slots, a row with no valid slot, topk_length of 0, negative,
   past topk and in between, and sinks of +-inf, +-1e30 and finite values; s_q 6, so the 12 work
   items (token, head block) are each cut into 4 parts that are merged (the tail split).
+- ``units``: more work units than CTAs, so each CTA runs several units back to back: s_q = 2 * SMs + 5
+  rows of 64 heads (every CTA takes two or three items, the last 5 items split in 2 parts), topk 512,
+  topk_length cycling through 0, 100 and 512 (units of 0, 1 and 4 pairs follow each other on one CTA:
+  the q_empty wait, stage and P-buffer reuse across units, an item followed by a split part), hostile
+  indices and sinks.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -54,8 +59,20 @@ def pipeline_cases(seed: int):
     yield f"pipeline: d_qk 576, topk {topk}, h_q 72, topk_length {lengths}", inputs
 
 
+def units_cases(seed: int):
+    topk = 512
+    s_q = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 5
+    inputs = make_inputs(
+        s_q=s_q, s_kv=4096, h_q=64, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
+        attn_sink="special",
+    )
+    lengths = [(0, 100, topk)[i % 3] for i in range(s_q)]
+    inputs["topk_length"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    yield f"units: s_q {s_q}, h_q 64, d_qk 576, topk {topk}, topk_length 0 / 100 / {topk} in turn", inputs
+
+
 seed, case = int(sys.argv[1]), sys.argv[2]
-for name, inputs in {"small": small_cases, "pipeline": pipeline_cases}[case](seed):
+for name, inputs in {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases}[case](seed):
     s_q, h_q, _ = inputs["q"].shape
     result = sparse_mla_q8kv8_prefill_fwd(**inputs, **poisoned_outputs(s_q, h_q, device="cuda"))
     torch.cuda.synchronize()

@@ -174,9 +174,9 @@ def test_preallocated_out_views(prefill_fwd, accept, seed, view):
 def _split_shape(parts: int, h_q: int) -> int:
     """s_q whose last round of work items (query token, 64-head block) is cut into `parts` parts on
     this GPU: one full round of items, then a tail of num_sms // parts items."""
-    from sparse_mla.api import _num_sms
+    from sparse_mla.launch import num_sms as sm_count
 
-    num_sms = _num_sms(torch.cuda.current_device())
+    num_sms = sm_count(torch.cuda.current_device())
     head_blocks = (h_q + 63) // 64
     return (num_sms + num_sms // parts) // head_blocks
 
@@ -187,11 +187,11 @@ def test_tail_split(check_prefill, prefill_fwd, seed, parts, d_qk, topk, h_q):
     """The last round's items cut into parts on idle SMs and merged (include/sparse_mla/sm90/prefill/
     split.cuh): every corner that empties a part or a row, and the same bits on every run whichever
     part finishes last."""
-    from sparse_mla.api import _num_sms, _split_plan
+    from sparse_mla.launch import num_sms, split_plan
 
     s_q = _split_shape(parts, h_q)
     items = s_q * ((h_q + 63) // 64)
-    split_begin, split_parts = _split_plan(items, _num_sms(torch.cuda.current_device()), topk)
+    split_begin, split_parts = split_plan(items, num_sms(torch.cuda.current_device()), topk)
     assert split_parts >= 2 and split_begin < items, f"s_q {s_q} does not split on this GPU"
     shape = dict(s_q=s_q, s_kv=8192, h_q=h_q, d_qk=d_qk, topk=topk)
     context = describe(seed, parts=split_parts, **shape)

@@ -43,11 +43,12 @@ def _compute_sanitizer() -> str | None:
     return found or (str(candidate) if candidate.is_file() else None)
 
 
-@pytest.mark.parametrize("case", ["small", "pipeline"])
+@pytest.mark.parametrize("case", ["small", "pipeline", "units"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
-    hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6 (sanitize_case.py)."""
+    hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6; ``units``: more work
+    units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
@@ -92,8 +93,9 @@ def test_fp8_maximum_entries_with_logits_far_past_80(check_prefill, seed, d_qk, 
     assert max_logits[finite].abs().max() > 80, "the case did not reach logits past 80"
 
 
-@pytest.mark.parametrize("sm_scale", [1e-30, 1e-8, 1e3, 1e30])
-def test_large_and_tiny_sm_scale(check_prefill, seed, sm_scale):
+@pytest.mark.parametrize("sm_scale", [1e-30, 1e-8, 1e3, 2.0**99, -1 / 24, -1e3, -(2.0**99)])
+def test_large_tiny_and_negative_sm_scale(check_prefill, seed, sm_scale):
+    """Up to the largest accepted magnitude (2^99), and negative: the softmax of -logits."""
     inputs = make_inputs(s_q=64, s_kv=4096, h_q=32, d_qk=576, topk=512, seed=seed, invalid="mixed", topk_length="random")
     inputs["sm_scale"] = sm_scale
     check_prefill(inputs, f"seed {seed}: sm_scale {sm_scale}", skip_near_ties=True)
@@ -107,6 +109,37 @@ def test_scales_whose_product_is_representable_but_whose_factors_are_extreme(che
     inputs["kv_scale"] = inputs["kv_scale"] * 1e30
     inputs["sm_scale"] = 1e8
     check_prefill(inputs, f"seed {seed}: extreme scale factors", skip_near_ties=True)
+
+
+def test_a_folded_scale_past_the_kernels_clamp_gives_finite_outputs(prefill_fwd, seed):
+    """sm_scale * q_scale * kv_scale of about 1e38 (q_scale lives on the device: the host cannot refuse
+    it without a sync): the kernel clamps the folded multiplier at 2^100, so no logit overflows and
+    no inf - inf turns into NaN; out is the softmax at that temperature, a weighted pick of the
+    row's largest logits."""
+    inputs = make_inputs(s_q=64, s_kv=4096, h_q=64, d_qk=576, topk=512, seed=seed, invalid="mixed")
+    inputs["q_scale"] = torch.full((1,), 1e30, device="cuda")
+    inputs["sm_scale"] = 1e8
+    out, max_logits, lse = prefill_fwd(**inputs)
+    for name, tensor in (("out", out), ("max_logits", max_logits), ("lse", lse)):
+        assert torch.isfinite(tensor.float()).all(), f"seed {seed}: {name} is not finite"
+
+
+@pytest.mark.parametrize("s_q", [1, 300])  # one row (split into 4 parts and merged), and unsplit rows
+def test_a_nan_in_a_valid_slot_makes_out_lse_and_max_logits_nan_together(prefill_fwd, seed, s_q):
+    inputs = make_inputs(s_q=s_q, s_kv=4096, h_q=64, d_qk=576, topk=2048, seed=seed)
+    indices = inputs["indices"]
+    row = s_q // 2
+    poisoned = int(indices[row, 0, 7])
+    others = torch.ones(s_q, dtype=torch.bool, device="cuda")
+    others[row] = False
+    indices[others] = torch.where(indices[others] == poisoned, -1, indices[others])  # only `row` reads it
+    inputs["kv"].view(torch.uint8)[poisoned, 0, 100] = 0x7F  # one e4m3 NaN in a nope column
+    out, max_logits, lse = prefill_fwd(**inputs)
+    context = f"seed {seed}, s_q {s_q}, KV row {poisoned} NaN in a valid slot of row {row}"
+    for name, tensor in (("out", out[row]), ("max_logits", max_logits[row]), ("lse", lse[row])):
+        assert tensor.float().isnan().all(), f"{context}: {name} of that row is not all NaN"
+    for name, tensor in (("out", out[others]), ("max_logits", max_logits[others]), ("lse", lse[others])):
+        assert torch.isfinite(tensor.float()).all(), f"{context}: {name} of another row is not finite"
 
 
 @pytest.mark.parametrize("sink", [float("inf"), -float("inf"), 1e30, -1e30])
@@ -150,7 +183,7 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(indices=inputs["indices"][:, :, :64])
     # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout,
     # the one the Python side allocates.
-    from sparse_mla.api import SPLIT_PART_FLOATS
+    from sparse_mla.launch import SPLIT_PART_FLOATS
 
     counters = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="inconsistent tail split"):
