@@ -14,7 +14,7 @@ also checked against the reference on its first 16 query rows, so a number from 
     python benchmarks/bench.py --incumbent .incumbent/sglang_q8kv8.so --save-baseline        # a new baseline
 
 ``--incumbent`` loads a tvm-ffi build of the incumbent FP8 kernel (sglang's SM90 Q8KV8 sparse prefill,
-its ``dispatch`` function) and times it on the same inputs in alternating rounds with ours, so the
+its ``dispatch`` function) and times it on the same inputs call by call in turn with ours, so the
 ratio is measured under the same clocks; each row then records ``incumbent_tflops`` and
 ``ratio_vs_incumbent``. The incumbent reads out of bounds on indices >= s_kv: only valid inputs
 (every benchmark pattern) may be given to it.
@@ -48,6 +48,7 @@ from sparse_mla import sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.testing import (
     PRESETS,
     index_overlap_stats,
+    interleaved_median_ms,
     make_inputs,
     median_time_ms,
     poisoned_outputs,
@@ -89,8 +90,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--plot", type=pathlib.Path, metavar="JSON", help="only redraw the chart of a JSON file")
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO",
                         help="tvm-ffi module of the incumbent kernel to time side by side")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="alternating timing rounds of ours and the incumbent (medians averaged)")
     parser.add_argument("--baseline", type=pathlib.Path, default=BASELINE, metavar="JSON",
                         help="the baseline the run is compared with (default: %(default)s)")
     parser.add_argument("--save-baseline", action="store_true",
@@ -128,11 +127,9 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) 
         ms = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
     else:
         theirs, incumbent_outputs = incumbent_call(dispatch, inputs, shape)
-        ours_ms, theirs_ms = [], []
-        for _ in range(args.rounds):  # alternate, so that both see the same clocks
-            ours_ms.append(median_time_ms(ours, iters=args.iters, warmup=args.warmup))
-            theirs_ms.append(median_time_ms(theirs, iters=args.iters, warmup=args.warmup))
-        ms, incumbent_ms = sum(ours_ms) / len(ours_ms), sum(theirs_ms) / len(theirs_ms)
+        # Call by call, in turn, so that both see the same clocks.
+        times = interleaved_median_ms({"ours": ours, "incumbent": theirs}, iters=args.iters, warmup=args.warmup)
+        ms, incumbent_ms = times["ours"], times["incumbent"]
     tflops = flops / (ms * 1e-3) / 1e12
 
     ref_out, ref_max_logits, ref_lse = reference_prefill(
@@ -383,7 +380,7 @@ def main() -> None:
         "indices": args.indices,
         "command": " ".join(["python", "benchmarks/bench.py"] + [a for a in sys.argv[1:] if a != "--save-baseline"]),
         "protocol": f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
-                    + (f"; incumbent {args.incumbent.name} timed in {args.rounds} alternating rounds"
+                    + (f"; incumbent {args.incumbent.name} timed call by call in turn with ours"
                        if args.incumbent else ""),
         "rows": rows,
     }

@@ -35,7 +35,7 @@ from sparse_mla.testing.numerics import (
     out_error_limits,
 )
 from sparse_mla.testing.reference import OUT_TOL, assert_close_to_reference, reference_prefill, relative_error
-from sparse_mla.testing.timing import L2_FLUSH_BYTES, median_time_ms, prefill_flops
+from sparse_mla.testing.timing import L2_FLUSH_BYTES, interleaved_median_ms, median_time_ms, prefill_flops
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -52,6 +52,7 @@ __all__ = [
     "error_model",
     "fp8_model_prefill",
     "index_overlap_stats",
+    "interleaved_median_ms",
     "logit_error_bound",
     "make_inputs",
     "median_time_ms",
