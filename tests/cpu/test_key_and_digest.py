@@ -84,10 +84,24 @@ def test_toolchain_versions_change_the_digest(monkeypatch, patch):
     assert build_module.build_spec(KernelKey(576, 2048)).digest != before
 
 
-def test_flags_change_the_digest(monkeypatch):
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_FLAGS", build_module.CUDA_FLAGS + ("--use_fast_math",)),
+        ("LINK_FLAGS", build_module.LINK_FLAGS + ("-lcuda",)),
+        ("GENCODE", {"sm90a": "-gencode=arch=compute_90,code=sm_90"}),
+    ],
+)
+def test_flags_and_the_arch_change_the_digest(monkeypatch, name, value):
     before = build_module.build_spec(KernelKey(576, 2048)).digest
-    monkeypatch.setattr(build_module, "CUDA_FLAGS", build_module.CUDA_FLAGS + ("--use_fast_math",))
+    monkeypatch.setattr(build_module, name, value)
     assert build_module.build_spec(KernelKey(576, 2048)).digest != before
+
+
+def test_the_arch_is_pinned_to_sm_90a_in_the_compile_flags():
+    spec = build_module.build_spec(KernelKey(576, 2048))
+    assert [flag for flag in spec.flags if "arch" in flag] == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert spec.inputs["arch"] == "sm_90a"
 
 
 def test_cache_dir_does_not_enter_the_digest(monkeypatch, tmp_path):

@@ -272,7 +272,7 @@ def _compile_line(spec: BuildSpec, stale: list[str], ahead_of_time: bool) -> str
 
 
 def _keep_only(build_dir: Path, names: set[str]) -> None:
-    """Removes the compiler's by-products (object files, ninja files, tvm-ffi's lock) before publishing."""
+    """Removes the compiler's by-products (the object file, ninja's files) before publishing."""
     for path in build_dir.iterdir():
         if path.name in names:
             continue
