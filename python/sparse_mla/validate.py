@@ -10,7 +10,7 @@ real tensors at launch) also works on the fake tensors that torch.compile traces
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -88,7 +88,7 @@ class _Missing:
 
 # The default of q_scale and kv_scale: they are required, but a call that leaves them out is most
 # likely a FlashMLA-style call, and deserves that message rather than Python's "missing argument".
-MISSING = _Missing()
+MISSING: Any = _Missing()  # Any: it stands in the signature for a required tensor
 
 
 def _not_a_tensor(name: str, value) -> str:
@@ -244,8 +244,10 @@ def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str,
     """Alignment of q/kv and aliasing of the caller's preallocated outputs; needs real (not fake)
     tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
     for name in ("q", "kv"):
-        if inputs[name].data_ptr() % ROW_ALIGNMENT:
-            _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {inputs[name].data_ptr():#x}")
+        tensor = inputs[name]
+        assert tensor is not None  # required arguments, validated before
+        if tensor.data_ptr() % ROW_ALIGNMENT:
+            _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
     if not outputs:
         return
     spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]

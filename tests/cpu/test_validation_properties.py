@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fake_tensors import fake_cuda, valid_args
-from sparse_mla import api
+from sparse_mla import api, launch
 from sparse_mla.validate import EXPECTED_DTYPES, check_pointers, validate_prefill_args
 
 TENSORS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
@@ -92,7 +92,7 @@ def _mutate(draw, args) -> str:
 def test_broken_calls_raise_the_documented_exception_and_never_compile(data):
     args = data.draw(valid_calls())
     expected_name = _mutate(data.draw, args)
-    with mock.patch.object(api, "get_module", side_effect=AssertionError("reached the JIT")):
+    with mock.patch.object(launch, "get_module", side_effect=AssertionError("reached the JIT")):
         with pytest.raises((ValueError, TypeError)) as raised:
             api.sparse_mla_q8kv8_prefill_fwd(**args)
     message = str(raised.value)
