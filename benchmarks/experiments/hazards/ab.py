@@ -1,0 +1,142 @@
+"""Builds of the kernel from different sources, timed side by side in one process (and the incumbent).
+
+Each variant is a cache root that `python -m sparse_mla prebuild` filled from one source tree (see
+README.md beside this file). For every shape, all variants run on the same inputs through the
+package's own launch plan (`sparse_mla.launch.launch` with the variant's module), interleaved call
+by call with the incumbent (`sparse_mla.testing.interleaved_median_ms`: a new random order every
+turn), L2 flushed before each timed call; the table
+gives each variant's median time relative to the first variant's and the incumbent's over each
+variant's. The outputs of all
+variants must be bitwise identical (the variants change ordering, not arithmetic), and the first
+variant's first rows are checked against the float32 reference.
+
+    python benchmarks/experiments/hazards/ab.py --variant v0=.abcache/v0 --variant sw=.abcache/sw \\
+        --incumbent .incumbent/sglang_q8kv8.so --json $OUT/ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+import tvm_ffi
+
+from sparse_mla.launch import launch
+from sparse_mla.testing import (
+    PRESETS,
+    interleaved_median_ms,
+    make_inputs,
+    poisoned_outputs,
+    prefill_flops,
+    realistic_indices,
+    reference_prefill,
+    relative_error,
+)
+
+# The benchmark table's shapes (benchmarks/bench.py SHAPES): (s_q, s_kv, h_q, d_qk, topk).
+SHAPES = [
+    (4096, 8192, 128, 576, 2048),
+    (4096, 32768, 128, 576, 2048),
+    (4096, 65536, 128, 576, 2048),
+    (4096, 131072, 128, 576, 2048),
+    (4096, 32768, 64, 576, 2048),
+    (437, 8192, 64, 576, 2048),
+    (4096, 8192, 64, 512, 512),
+    (4096, 32768, 64, 512, 512),
+    (1024, 65536, 128, 576, 2048),
+]
+QUICK = (0, 3, 5, 6)
+
+
+def load_variant(spec: str) -> tuple[str, dict]:
+    """``NAME=CACHE_ROOT`` -> (name, {(d_qk, topk): module}) for every kernel the root holds. The same
+    root under two names times one build twice: the spread between the two is the noise floor."""
+    name, _, root = spec.partition("=")
+    modules = {}
+    for so in sorted(pathlib.Path(root).glob("sm90a/sparse_mla_prefill_dqk*_topk*_sm90a/*/*.so")):
+        key = so.parent.parent.name.split("_")  # sparse_mla_prefill_dqk576_topk2048_sm90a
+        modules[(int(key[3][3:]), int(key[4][4:]))] = tvm_ffi.load_module(str(so))
+    if not modules:
+        sys.exit(f"no kernel module under {root}")
+    return name, modules
+
+
+def incumbent_call(dispatch, inputs: dict, shape: tuple):
+    s_q, s_kv, h_q, d_qk, topk = shape
+    outputs = poisoned_outputs(s_q, h_q)
+    q, kv, indices = inputs["q"].contiguous(), inputs["kv"].contiguous(), inputs["indices"].contiguous()
+    stream = torch.cuda.current_stream().cuda_stream
+    return lambda: dispatch(q, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"],
+                            outputs["max_logits"], outputs["lse"], s_q, s_kv, h_q, 1, d_qk, 512, topk,
+                            inputs["sm_scale"], stream)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT")
+    parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO")
+    parser.add_argument("--indices", choices=("uniform",) + tuple(PRESETS), default="uniform")
+    parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK}")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="also time each variant in the batch-invariant mode (as NAME+bi)")
+    parser.add_argument("--iters", type=int, default=60, help="timed calls of each variant per shape")
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args()
+
+    variants = dict(load_variant(spec) for spec in args.variant)
+    dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
+    shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
+    rows = []
+    for shape in shapes:
+        s_q, s_kv, h_q, d_qk, topk = shape
+        inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=0)
+        if args.indices != "uniform":
+            inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[args.indices], seed=0)
+        calls, outputs = {}, {}
+        for name, modules in variants.items():
+            for invariant in (False, True) if args.batch_invariant else (False,):
+                label = name + ("+bi" if invariant else "")
+                out = outputs[label] = poisoned_outputs(s_q, h_q)
+                calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant: launch(
+                    inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
+                    o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m))
+        if dispatch is not None:
+            calls["incumbent"] = incumbent_call(dispatch, inputs, shape)
+        ms = interleaved_median_ms(calls, iters=args.iters)
+        first = next(iter(variants))
+        identical = {name: all(torch.equal(outputs[name][k], outputs[first][k]) for k in ("out", "max_logits", "lse"))
+                     for name in outputs}
+        ref_out, _, ref_lse = reference_prefill(
+            inputs["q"][:16], inputs["kv"], inputs["indices"][:16], inputs["sm_scale"], inputs["q_scale"],
+            inputs["kv_scale"], 512)
+        row = dict(shape=shape, ms=ms, identical_to_first=identical,
+                   out_rel_err=relative_error(outputs[first]["out"][:16], ref_out),
+                   tflops={n: prefill_flops(s_q, h_q, topk, d_qk) / (t * 1e-3) / 1e12 for n, t in ms.items()})
+        rows.append(row)
+        torch.cuda.empty_cache()
+        print(" ".join(f"{n} {t:.3f}" for n, t in ms.items()), shape, file=sys.stderr)
+
+    names = [name for name in rows[0]["identical_to_first"]]
+    print(f"{torch.cuda.get_device_name()}, {args.indices} indices; median ms of {args.iters} interleaved calls; "
+          f"vs {names[0]}; incumbent time / variant time")
+    print(f"{'shape':<30}" + "".join(f"{n:>18}" for n in names) + (f"{'incumbent':>11}" if dispatch else ""))
+    for row in rows:
+        cells = ""
+        for n in names:
+            flag = "" if row["identical_to_first"][n] else "!"
+            cells += f"{row['ms'][n]:>8.3f} {row['ms'][n] / row['ms'][names[0]]:>5.3f}"
+            cells += f" {row['ms']['incumbent'] / row['ms'][n]:>3.2f}{flag}" if dispatch else f"{flag:>4}"
+        print(f"{str(row['shape']):<30}" + cells + (f"{row['ms']['incumbent']:>11.3f}" if dispatch else "")
+              + f"  err {row['out_rel_err']:.2e}")
+    if any(not all(r["identical_to_first"].values()) for r in rows):
+        print("! outputs differ from the first variant's")
+    if args.json:
+        args.json.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), indices=args.indices, rows=rows),
+                                        indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
