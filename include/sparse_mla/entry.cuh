@@ -27,8 +27,6 @@ namespace ffi = tvm::ffi;
 
 namespace detail {
 
-constexpr int kDV = 512;  // d_v: the "nope" part of each latent row is also the value vector
-
 inline bool has_dtype(const ffi::TensorView& t, int code, int bits) {
   DLDataType d = t.dtype();
   return d.code == code && d.bits == bits && d.lanes == 1;
@@ -116,7 +114,7 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 
 // q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
 // q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
-// out [s_q, h_q, 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
+// out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
 // items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
 // [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
 // of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
@@ -141,7 +139,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   detail::check_contiguous(indices, "indices");
   check_tensor(q_scale, "q_scale", device, kDLFloat, 32, {1});
   check_tensor(kv_scale, "kv_scale", device, kDLFloat, 32, {1});
-  check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, detail::kDV});
+  check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, D_V});
   check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
   check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
   detail::check_no_self_overlap(out, "out");
@@ -190,7 +188,6 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.s_q = static_cast<int>(s_q);
   params.s_kv = static_cast<int>(s_kv);
   params.h_q = static_cast<int>(h_q);
-  params.topk = TOPK;
   params.q = detail::data_of<const fp8_e4m3>(q);
   params.q_stride_s = q.stride(0);
   params.q_stride_h = q.stride(1);

@@ -15,11 +15,13 @@ namespace sparse_mla {
 using fp8_e4m3 = __nv_fp8_e4m3;
 using bf16 = __nv_bfloat16;
 
+// d_v: the "nope" part of each latent row (its first 512 dims) is also the value vector.
+constexpr int D_V = 512;
+
 struct PrefillParams {
   int s_q;   // query tokens (rows of q); > 0 when a kernel is launched
   int s_kv;  // rows of the latent KV cache; an index is valid only in [0, s_kv)
   int h_q;   // query heads; any positive value, the kernel masks its last head block
-  int topk;  // slots per query row; equals the kernel's TOPK template value
 
   const fp8_e4m3* q;    // [s_q, h_q, d_qk], last dimension contiguous
   int64_t q_stride_s;   // elements between q[i] and q[i + 1]
@@ -27,6 +29,7 @@ struct PrefillParams {
   const fp8_e4m3* kv;   // [s_kv, 1, d_qk], last dimension contiguous
   int64_t kv_stride_s;  // elements between kv[r] and kv[r + 1]
 
+  // topk, the slots per query row, is no field: it is the kernel's TOPK template value.
   const int32_t* indices;      // [s_q, 1, topk], contiguous; any int32 value, invalid ones never read
   const int32_t* topk_length;  // [s_q] or nullptr; slot j of row i is used only if j < topk_length[i]
   const float* attn_sink;      // [h_q] or nullptr; one extra logit per head with a zero value vector
@@ -34,7 +37,7 @@ struct PrefillParams {
   const float* kv_scale;       // [1], dequantization scale of kv
   double sm_scale;             // softmax scale applied to <Q, K> (natural-log units); |sm_scale| <= 2^99
 
-  bf16* out;                 // [s_q, h_q, d_v], last dimension contiguous
+  bf16* out;                 // [s_q, h_q, D_V], last dimension contiguous
   int64_t out_stride_s;
   int64_t out_stride_h;
   float* max_logits;         // [s_q, h_q]; -inf for a row with no valid slot

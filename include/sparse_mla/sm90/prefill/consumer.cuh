@@ -48,14 +48,6 @@
 
 namespace sparse_mla::sm90::prefill {
 
-// Accumulators and softmax state a consumer thread carries to the epilogue.
-struct ConsumerState {
-  float o[4][32];      // O^T, see the fragment notes above
-  float reference[2];  // per head row g, g + 8 of this thread: the max P is relative to (log2 units)
-  float row_max[2];    // the running max of this thread's logits (log2 units); rows are reduced in the epilogue
-  float row_sum[2];    // this thread's share of sum(P) relative to `reference`
-};
-
 template <int D_QK>
 __device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[32]) {
   constexpr int STEPS = D_QK / 32;
@@ -123,7 +115,8 @@ struct BlockLogits {
   // range. Beyond (absurd scales) P is taken from the rounded logits, as the max was.
   __device__ __forceinline__ void write_probs(bool all_valid, const float (&reference)[2], uint32_t probs, int swz,
                                               float (&psum)[2], float (&mloc)[2]) const {
-    const bool fused = fabsf(reference[0]) <= 0x1p22f && fabsf(reference[1]) <= 0x1p22f;
+    constexpr float FUSED_REFERENCE_LIMIT = 0x1p22f;
+    const bool fused = fabsf(reference[0]) <= FUSED_REFERENCE_LIMIT && fabsf(reference[1]) <= FUSED_REFERENCE_LIMIT;
     if (all_valid) {
       if (fused) write_probs<true, true>(reference, probs, swz, psum, mloc);
       else write_probs<true, false>(reference, probs, swz, psum, mloc);

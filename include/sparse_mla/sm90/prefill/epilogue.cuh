@@ -12,7 +12,6 @@
 #include <cuda_bf16.h>
 
 #include <sparse_mla/params.cuh>
-#include <sparse_mla/sm90/prefill/consumer.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
@@ -74,7 +73,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
 
   // Thread's pairs of dims: 2g, 2g + 1 of 64-dim tile i, heads 8j + 2c + e.
-  const int dim0 = 256 * wg + 16 * warp + 2 * g;
+  const int dim0 = CONSUMER_D_V * wg + 16 * warp + 2 * g;
   bf16* const base = params.out + static_cast<int64_t>(q_row) * params.out_stride_s +
                      static_cast<int64_t>(head_begin + 2 * c) * params.out_stride_h + dim0;
   // Every pair is 4-byte aligned when the tensor and its strides are (dim0 is even): one 4-byte store

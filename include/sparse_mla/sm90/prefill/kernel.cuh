@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, Q_FULL_ARRIVALS);
-    ClusterBarrier::init(&ss.q_empty, NUM_CONSUMER_THREADS);
+    ClusterBarrier::init(&ss.q_empty, Q_EMPTY_ARRIVALS);
 #pragma unroll
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
 #pragma unroll

@@ -9,7 +9,7 @@
 
 namespace sparse_mla::sm90 {
 
-// Launches on `stream`; params.s_q > 0, params.topk == TOPK, the split fields consistent (entry.cuh)
+// Launches on `stream`; params.s_q > 0, indices with TOPK slots per row, the split fields consistent (entry.cuh)
 // and the work units (traits.cuh) fit an int.
 // Returns the launch error; never synchronizes.
 template <int D_QK, int TOPK>

@@ -13,20 +13,10 @@
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
-#include <sparse_mla/sm90/prefill/consumer.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
-
-// One part's state in the workspace, in fp32: every consumer thread's O^T fragment (float4 k of
-// thread t at 4 * (k * 256 + t), so that a warp's stores are contiguous), its row statistics
-// {row_sum[0], row_sum[1], row_max[0], row_max[1]}, then the reference of each of the 64 heads.
-// The Python side allocates [items - split_begin, split_parts, PART_FLOATS] (SPLIT_PART_FLOATS there).
-constexpr int PART_O_FLOATS = NUM_CONSUMER_THREADS * 128;
-constexpr int PART_STAT_FLOATS = NUM_CONSUMER_THREADS * 4;
-constexpr int PART_FLOATS = PART_O_FLOATS + PART_STAT_FLOATS + B_H;
-constexpr int MAX_SPLIT_PARTS = 4;
 
 // Publishes this part's state; in the CTA that finishes the item's last part, replaces `st` with the
 // merged state of all parts and returns true (the caller then stores the outputs). Consumer threads

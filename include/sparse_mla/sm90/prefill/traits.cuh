@@ -19,8 +19,10 @@ namespace sparse_mla::sm90::prefill {
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
-constexpr int NUM_CONSUMER_THREADS = 256;
-constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + 128;
+constexpr int NUM_CONSUMER_THREADS = 256;  // WG0 and WG1
+constexpr int NUM_PRODUCER_THREADS = 128;  // WG2
+constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + NUM_PRODUCER_THREADS;
+constexpr int CONSUMER_D_V = D_V / 2;      // output columns of each consumer's O^T
 // topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0.
 template <int TOPK>
@@ -30,7 +32,10 @@ constexpr bool one_block_tile() { return TOPK <= B_TOPK; }
 // did not free what the consumers take.
 constexpr int CONSUMER_REGS = 232;
 constexpr int PRODUCER_REGS = 40;
-static_assert(2 * CONSUMER_REGS + PRODUCER_REGS <= 3 * ((65536 / NUM_THREADS) / 8 * 8),
+constexpr int REGISTERS_PER_SM = 65536;  // the SM90 register file, 32-bit registers
+constexpr int REGISTER_ALLOC_UNIT = 8;   // a thread's registers are allocated in steps of 8
+static_assert(2 * CONSUMER_REGS + PRODUCER_REGS <=
+                  3 * ((REGISTERS_PER_SM / NUM_THREADS) / REGISTER_ALLOC_UNIT * REGISTER_ALLOC_UNIT),
               "the warpgroups' registers after setmaxnreg fit in the CTA's launch allocation");
 // The softmax keeps a reference max per head and moves it only when a new logit exceeds it by more
 // than this (log2 units), so O is rescaled rarely; P = 2^(logit - reference) <= 2^(8 + 1/4) = 304
@@ -68,20 +73,22 @@ struct SharedStorage {
   float out_scale[B_H];     // epilogue: per-head output scale
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
-  uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done (256 arrivals)
+  uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done
+                                         // (Q_EMPTY_ARRIVALS)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
+                                         // (KV_FULL_ARRIVALS)
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
-                                         // and finished their Q.K^T on it (256 arrivals)
+                                         // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
 };
 
 // Arrivals that complete q_full and kv_full: one per producer thread, once its copies landed and were
 // fenced for the async proxy (lane 0 of each warp after it also wrote its valid bits).
-constexpr int NUM_PRODUCER_THREADS = NUM_THREADS - NUM_CONSUMER_THREADS;
 constexpr int KV_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 // Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
 // reads are released to the producer (an arrival by one lane would release only that lane's).
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
+constexpr int Q_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 
 // A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
 // takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from
@@ -139,11 +146,31 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
   return w;
 }
 
+// Accumulators and softmax state a consumer thread carries from its pair loop (consumer.cuh) to the
+// tail split's merge (split.cuh) and the epilogue (epilogue.cuh).
+struct ConsumerState {
+  float o[4][32];      // O^T, see the fragment notes in consumer.cuh
+  float reference[2];  // per head row g, g + 8 of this thread: the max P is relative to (log2 units)
+  float row_max[2];    // the running max of this thread's logits (log2 units); rows are reduced in the epilogue
+  float row_sum[2];    // this thread's share of sum(P) relative to `reference`
+};
+
+// One part's state in the tail split's workspace (split.cuh), in fp32: every consumer thread's O^T
+// fragment (float4 k of thread t at 4 * (k * 256 + t), so that a warp's stores are contiguous), its
+// row statistics {row_sum[0], row_sum[1], row_max[0], row_max[1]}, then the reference of each of the
+// 64 heads. The Python side allocates [items - split_begin, split_parts, PART_FLOATS]
+// (SPLIT_PART_FLOATS there).
+constexpr int PART_O_FLOATS = NUM_CONSUMER_THREADS * static_cast<int>(sizeof(ConsumerState::o) / sizeof(float));
+constexpr int PART_STAT_FLOATS = NUM_CONSUMER_THREADS * 4;  // row_sum and row_max of 2 rows
+constexpr int PART_FLOATS = PART_O_FLOATS + PART_STAT_FLOATS + B_H;
+constexpr int MAX_SPLIT_PARTS = 4;
+
 template <int D_QK>
 constexpr int shared_storage_bytes() {
   return static_cast<int>(sizeof(SharedStorage<D_QK>));
 }
-static_assert(sizeof(SharedStorage<576>) <= 232448, "fits the 227 KB per-block shared-memory limit");
+constexpr int SHARED_MEMORY_PER_BLOCK = 232448;  // SM90's opt-in limit of dynamic shared memory, 227 KB
+static_assert(sizeof(SharedStorage<576>) <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
 
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int rows) {
   return static_cast<uint32_t>((chunk >> 2) * (rows * 64) + row * 64 + (((chunk & 3) ^ ((row >> 1) & 3)) << 4));
