@@ -5,7 +5,7 @@ The attention step of DeepSeek-V3.2's prefill at its real shape: 128 query heads
 rows the indexer picked per token. bf16 q and kv are quantized to FP8 with one scale per tensor, the
 kernel runs, its output is compared (on the first query rows) with two float32 references:
 
-- on the dequantized FP8 inputs: what the kernel itself controls (the README's Numerics section
+- on the dequantized FP8 inputs: what the kernel itself controls (`docs/numerics.md`
   gives the bound);
 - on the exact bf16 inputs: that plus the FP8 quantization of q and kv (about 4e-2).
 
