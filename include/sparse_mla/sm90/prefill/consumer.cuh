@@ -44,6 +44,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -225,8 +226,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
 }
 
-// One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (it sets stages and
-// mbarrier phases), `unit_count` the units (the phase of q_full).
+// One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (the KvStage of each
+// pair), `unit_count` the units (the QStage of q_full).
 template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int unit_count, ConsumerState& st) {
@@ -244,7 +245,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     st.row_max[h] = -INFINITY;
     st.row_sum[h] = 0.f;
   }
-  mbarrier_wait(&ss.q_full, unit_count & 1);
+  mbarrier_wait(&ss.q_full, QStage(unit_count).phase);
   if (n_pairs == 0) {
     mbarrier_arrive(&ss.q_empty);
     return;
@@ -254,18 +255,17 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ ((lane >> 1) & 3)) << 4));
 
   float s[32];
-  mbarrier_wait(&ss.kv_full[pair_base % NUM_STAGES][wg], (pair_base / NUM_STAGES) & 1);
+  const KvStage first(pair_base);  // the unit's first pair
+  mbarrier_wait(&ss.kv_full[first.index][wg], first.phase);
   // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
   // masks each of its logits before using it, whatever s holds.
-  if (!ONE_BLOCK || wg == 0) issue_qk(ss, pair_base % NUM_STAGES, wg, s);
+  if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs(ss, s, ss.valid[pair_base % NUM_STAGES][wg], 0, scale_log2, st);
+  bool rescale = softmax_to_probs(ss, s, ss.valid[first.index][wg], 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
-    const int gp = pair_base + pair;
-    const int stage = gp % NUM_STAGES;
-    const uint32_t phase = (gp / NUM_STAGES) & 1;
+    const KvStage stage(pair_base + pair);
     const int buf = pair % 2;
     const bool has_next = pair + 1 < n_pairs;
     // The unit's last Q.K^T completed in the previous iteration (or before the loop): Q may be
@@ -287,31 +287,31 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     }
     // The next pair's Q.K^T first: the tensor cores run it while V of block 0 is loaded.
     if (has_next) {
-      mbarrier_wait(&ss.kv_full[(gp + 1) % NUM_STAGES][wg], ((gp + 1) / NUM_STAGES) & 1);
-      if (!ONE_BLOCK || wg == 0) issue_qk(ss, (gp + 1) % NUM_STAGES, wg, s);
+      mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
+      if (!ONE_BLOCK || wg == 0) issue_qk(ss, stage.next().index, wg, s);
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
-    mbarrier_wait(&ss.kv_full[stage][1 - wg], phase);
+    mbarrier_wait(&ss.kv_full[stage.index][1 - wg], stage.phase);
     {
       uint32_t a[2][4][4];
-      load_v_fragments(smem_addr(ss.kv[stage][0]), v_lane_offset, a);
+      load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
       // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
-      mbarrier_arrive(&ss.kv_empty[stage][0]);
+      mbarrier_arrive(&ss.kv_empty[stage.index][0]);
       issue_pv(st.o, a, smem_addr(ss.probs[buf][0]));
       cute::warpgroup_wait<0>();
       fence_operands(s);
     }
     if constexpr (ONE_BLOCK) {
-      mbarrier_arrive(&ss.kv_empty[stage][1]);
+      mbarrier_arrive(&ss.kv_empty[stage.index][1]);
     } else {
       uint32_t a[2][4][4];
-      load_v_fragments(smem_addr(ss.kv[stage][1]), v_lane_offset, a);
-      mbarrier_arrive(&ss.kv_empty[stage][1]);  // as block 0 above
+      load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
+      mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[(gp + 1) % NUM_STAGES][wg], buf ^ 1, scale_log2, st);
+    if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[stage.next().index][wg], buf ^ 1, scale_log2, st);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);

@@ -16,6 +16,7 @@
 #include <sparse_mla/sm90/prefill/epilogue.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/producer.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/split.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
@@ -33,7 +34,7 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
   return static_cast<float>(folded > LIMIT ? LIMIT : folded < -LIMIT ? -LIMIT : folded);  // NaN stays NaN
 }
 
-// Grid: one CTA per SM at most; each CTA walks its work units (traits.cuh, WorkUnit).
+// Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh, WorkUnit).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))

@@ -5,12 +5,13 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/kernel.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90 {
 
 // Launches on `stream`; params.s_q > 0, indices with TOPK slots per row, the split fields consistent (entry.cuh)
-// and the work units (traits.cuh) fit an int.
+// and the work units (scheduler.cuh) fit an int.
 // Returns the launch error; never synchronizes.
 template <int D_QK, int TOPK>
 cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {

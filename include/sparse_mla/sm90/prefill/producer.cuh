@@ -21,6 +21,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -40,14 +41,15 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
 
   const uint8_t* kv = reinterpret_cast<const uint8_t*>(params.kv);
   const int s_kv = params.s_kv;
-  int pair_base = 0;  // pairs of earlier units: stages and phases continue across units
+  int pair_base = 0;  // pairs of earlier units: the KvStage of each pair, continued across units
   for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
     const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
     const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
     const int n_slots = w.n_slots, n_pairs = w.n_pairs;
     // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
     {
-      if (unit_count > 0) mbarrier_wait(&ss.q_empty, (unit_count - 1) & 1);
+      const QStage q(unit_count);
+      if (q.reused()) mbarrier_wait(&ss.q_empty, q.empty_phase());
       const uint32_t q_tile = smem_addr(ss.q);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -76,8 +78,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
     }
 
     for (int pair = 0; pair < n_pairs; ++pair) {
-      const int gp = pair_base + pair;  // pairs gathered by this CTA before: stage and phase
-      const int stage = gp % NUM_STAGES;
+      const KvStage stage(pair_base + pair);
       int32_t next[2][2];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
@@ -86,8 +87,8 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
       }
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        if (gp >= NUM_STAGES) mbarrier_wait(&ss.kv_empty[stage][b], ((gp / NUM_STAGES) - 1) & 1);
-        const uint32_t tile = smem_addr(ss.kv[stage][b]);
+        if (stage.reused()) mbarrier_wait(&ss.kv_empty[stage.index][b], stage.empty_phase());
+        const uint32_t tile = smem_addr(ss.kv[stage.index][b]);
         bool valid[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -103,7 +104,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
         const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
         const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
         if (lane == 0) {
-          uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage][b]);
+          uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
           bytes[warp] = static_cast<uint8_t>(low);
           bytes[4 + warp] = static_cast<uint8_t>(high);
         }
@@ -112,10 +113,10 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
       cp_async_wait<1>();
       cutlass::arch::fence_view_async_shared();
       if (pair == 0) mbarrier_arrive(&ss.q_full);
-      mbarrier_arrive(&ss.kv_full[stage][0]);
+      mbarrier_arrive(&ss.kv_full[stage.index][0]);
       cp_async_wait<0>();
       cutlass::arch::fence_view_async_shared();
-      mbarrier_arrive(&ss.kv_full[stage][1]);
+      mbarrier_arrive(&ss.kv_full[stage.index][1]);
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
 #pragma unroll

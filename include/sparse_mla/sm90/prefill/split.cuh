@@ -3,7 +3,7 @@
 // With one CTA per SM walking the work items in rounds of gridDim.x, s_q = 437 at h_q 64 runs 4
 // rounds for 3.3 rounds of work. The split plan (`_split_plan`, python/sparse_mla/api.py) cuts each
 // item of the last round into split_parts ranges of its pairs, each a work unit on another CTA
-// (traits.cuh, work_unit).
+// (scheduler.cuh, work_unit).
 // Every part publishes its softmax state (unnormalized O^T, row sums and maxima, references) to a
 // workspace; the CTA that finishes an item's last part (a per-item counter) merges all parts in
 // part order, so the result does not depend on which part finished last, and stores the outputs.
@@ -14,6 +14,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {

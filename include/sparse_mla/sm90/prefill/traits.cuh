@@ -1,7 +1,7 @@
 // Tile sizes, thread roles, register budgets and the shared-memory plan of the SM90 prefill kernel.
 //
 // Work decomposition: one work item per (query token, block of B_H = 64 heads), walked by persistent
-// CTAs as work units (WorkUnit below); 3 warpgroups.
+// CTAs as work units (scheduler.cuh); 3 warpgroups.
 //   WG0, WG1 (consumers)  Q.K^T, online softmax and P.V. topk is walked in pairs of B_TOPK = 64-row
 //                         blocks: WG w computes the logits of block w of the pair (all 64 heads), and
 //                         owns output columns [256w, 256w + 256) of both blocks' P.V.
@@ -89,62 +89,6 @@ constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 // reads are released to the producer (an arrival by one lane would release only that lane's).
 constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 constexpr int Q_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
-
-// A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
-// takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from
-// split_begin on is cut into split_parts units, each a range of its pairs. A CTA processes the units blockIdx.x,
-// blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer gathers the next unit's Q and first
-// blocks while the consumers finish the current one (no CTA launch or pipeline fill between units).
-// Both head blocks of a token are neighbouring items: they run at the same time on neighbouring
-// CTAs and gather the same rows, the second from L2.
-struct WorkUnit {
-  int item;        // the (token, head block) index
-  int q_row;
-  int head_begin;
-  int num_heads;   // heads of this block that exist (the tile's other rows are zero and not stored)
-  int part;        // which part of a split item this unit is; 0 when the item is not split
-  int slot_begin;  // the unit's first slot (a multiple of 2 * B_TOPK)
-  int n_slots;     // slots of the unit that can be valid: from slot_begin to min(topk_length, topk)
-  int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
-};
-
-// Blocks of B_H heads per query token.
-// (Not (h_q + B_H - 1) / B_H: that overflows int for h_q near INT32_MAX.)
-__host__ __device__ __forceinline__ int num_head_blocks(const PrefillParams& params) {
-  return params.h_q / B_H + (params.h_q % B_H != 0);
-}
-
-// Work items: (query token, 64-head block) pairs; work units: the items, the split ones counted per part.
-__host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params) {
-  const int64_t items = static_cast<int64_t>(params.s_q) * num_head_blocks(params);
-  return params.split_begin + (items - params.split_begin) * params.split_parts;
-}
-
-// The split's runtime divisions (on the path between two units) run for split units only.
-template <int TOPK>
-__device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
-  constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
-  int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
-  if (unit >= params.split_begin) {
-    const int parts = params.split_parts;
-    item = params.split_begin + (unit - params.split_begin) / parts;
-    part = unit - params.split_begin - (item - params.split_begin) * parts;
-    pair_begin = part * ITEM_PAIRS / parts;
-    pair_end = (part + 1) * ITEM_PAIRS / parts;
-  }
-  WorkUnit w;
-  w.item = item;
-  w.q_row = item / head_blocks;
-  w.head_begin = (item - w.q_row * head_blocks) * B_H;
-  w.num_heads = min(B_H, params.h_q - w.head_begin);
-  w.part = part;
-  const int item_slots =
-      params.topk_length == nullptr ? TOPK : min(max(__ldg(params.topk_length + w.q_row), 0), TOPK);
-  w.slot_begin = pair_begin * 2 * B_TOPK;
-  w.n_slots = max(min(item_slots, pair_end * 2 * B_TOPK) - w.slot_begin, 0);
-  w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
-  return w;
-}
 
 // Accumulators and softmax state a consumer thread carries from its pair loop (consumer.cuh) to the
 // tail split's merge (split.cuh) and the epilogue (epilogue.cuh).

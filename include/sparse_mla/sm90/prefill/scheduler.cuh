@@ -1,0 +1,95 @@
+// The work-unit sequence of a CTA and the pipeline cursors of its rings of buffers.
+//
+// The producer (producer.cuh) and the consumers (kernel.cuh's unit loop, consumer.cuh) never exchange
+// which unit or which stage comes next: both walk this CTA's units in the same order (work_unit), count
+// the units and pairs before the current one the same way, and derive each mbarrier's stage and
+// parity from those counts through the same cursor (PipelineState).
+#pragma once
+
+#include <cstdint>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90::prefill {
+
+// A position in a ring of STAGES buffers that mbarriers hand between the roles (CUTLASS's
+// PipelineState): the buffer `index` to use and the parity `phase` of its mbarrier phase to wait for,
+// both derived from the count of the CTA's earlier uses of the ring, across work units. A cursor is
+// made from the count where it is used rather than stepped by an advance: where the index and the
+// phase are computed shapes the pair loops' SASS, and this keeps them where the kernel computed them
+// before the cursor existed (the stepped form compiles to a different schedule).
+template <int STAGES>
+struct PipelineState {
+  int count;       // uses of the ring by this CTA before this one
+  int index;       // the buffer
+  uint32_t phase;  // parity of the phase that fills the buffer this time (kv_full, q_full)
+
+  __device__ __forceinline__ explicit PipelineState(int count)
+      : count(count), index(count % STAGES), phase((count / STAGES) & 1) {}
+  // The buffer was used before: its refill waits for the release of that use (kv_empty, q_empty), at
+  // parity empty_phase().
+  __device__ __forceinline__ bool reused() const { return count >= STAGES; }
+  __device__ __forceinline__ uint32_t empty_phase() const { return ((count / STAGES) - 1) & 1; }
+  __device__ __forceinline__ PipelineState next() const { return PipelineState(count + 1); }
+};
+using QStage = PipelineState<1>;            // the Q tile: one buffer, q_full and q_empty
+using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks each: kv_full, kv_empty
+
+// A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
+// takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from
+// split_begin on is cut into split_parts units, each a range of its pairs. A CTA processes the units
+// blockIdx.x, blockIdx.x + gridDim.x, ... (one CTA per SM), so the producer
+// gathers the next unit's Q and first blocks while the consumers finish the current one (no CTA
+// launch or pipeline fill between units). Both head blocks of a token are neighbouring items: they
+// run at the same time on neighbouring CTAs and gather the same rows, the second from L2.
+struct WorkUnit {
+  int item;        // the (token, head block) index
+  int q_row;
+  int head_begin;
+  int num_heads;   // heads of this block that exist (the tile's other rows are zero and not stored)
+  int part;        // which part of a split item this unit is; 0 when the item is not split
+  int slot_begin;  // the unit's first slot (a multiple of 2 * B_TOPK)
+  int n_slots;     // slots of the unit that can be valid: from slot_begin to min(topk_length, topk)
+  int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
+};
+
+// Blocks of B_H heads per query token.
+// (Not (h_q + B_H - 1) / B_H: that overflows int for h_q near INT32_MAX.)
+__host__ __device__ __forceinline__ int num_head_blocks(const PrefillParams& params) {
+  return params.h_q / B_H + (params.h_q % B_H != 0);
+}
+
+// Work items: (query token, 64-head block) pairs; work units: the items, the split ones counted per part.
+__host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& params) {
+  const int64_t items = static_cast<int64_t>(params.s_q) * num_head_blocks(params);
+  return params.split_begin + (items - params.split_begin) * params.split_parts;
+}
+
+// The split's runtime divisions (on the path between two units) run for split units only.
+template <int TOPK>
+__device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
+  constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
+  if (unit >= params.split_begin) {
+    const int parts = params.split_parts;
+    item = params.split_begin + (unit - params.split_begin) / parts;
+    part = unit - params.split_begin - (item - params.split_begin) * parts;
+    pair_begin = part * ITEM_PAIRS / parts;
+    pair_end = (part + 1) * ITEM_PAIRS / parts;
+  }
+  WorkUnit w;
+  w.item = item;
+  w.q_row = item / head_blocks;
+  w.head_begin = (item - w.q_row * head_blocks) * B_H;
+  w.num_heads = min(B_H, params.h_q - w.head_begin);
+  w.part = part;
+  const int item_slots =
+      params.topk_length == nullptr ? TOPK : min(max(__ldg(params.topk_length + w.q_row), 0), TOPK);
+  w.slot_begin = pair_begin * 2 * B_TOPK;
+  w.n_slots = max(min(item_slots, pair_end * 2 * B_TOPK) - w.slot_begin, 0);
+  w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  return w;
+}
+
+}  // namespace sparse_mla::sm90::prefill
