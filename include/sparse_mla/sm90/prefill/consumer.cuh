@@ -168,7 +168,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   const auto [wg, warp, lane, g, c] = consumer_thread();
   const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
   const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
-  const uint32_t probs = smem_addr(ss.probs[buf][wg]) + (16 * warp + g) * 64 + 4 * c;
+  const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
 
   // P against the current references, and in the same pass the max of this thread's (rounded) logits.
@@ -197,9 +197,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   // The exact path: the pair's row maxima, from the 4 threads of a row and both consumers.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mloc[h] = max_nan(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 1));
-    mloc[h] = max_nan(mloc[h], __shfl_xor_sync(0xffffffffu, mloc[h], 2));
-    if (c == 0) ss.row_max[wg][16 * warp + g + 8 * h] = mloc[h];
+    mloc[h] = quad_max(mloc[h]);
+    if (c == 0) ss.row_max[wg][frag_row(warp, g, h)] = mloc[h];
   }
   named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
   // Both consumers derive the same reference and alpha from the same two maxima.
@@ -207,7 +206,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float mx = max_nan(mloc[h], ss.row_max[1 - wg][16 * warp + g + 8 * h]);
+    const float mx = max_nan(mloc[h], ss.row_max[1 - wg][frag_row(warp, g, h)]);
     alpha[h] = 1.f;
     if (mx - st.reference[h] > REFERENCE_SLACK) {  // false while mx is -inf or NaN
       alpha[h] = ex2(st.reference[h] - mx);            // 0 from -inf: O and the sum are still 0
@@ -220,7 +219,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
-    if (c == 0) ss.alpha[wg][16 * warp + g + 8 * h] = alpha[h];
+    if (c == 0) ss.alpha[wg][frag_row(warp, g, h)] = alpha[h];
   }
   cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
@@ -275,7 +274,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 a = *reinterpret_cast<const float2*>(&ss.alpha[wg][8 * j + 2 * c]);
+        const float2 a = *reinterpret_cast<const float2*>(&ss.alpha[wg][frag_col(c, j, 0)]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           st.o[i][4 * j + 0] *= a.x;

@@ -28,13 +28,11 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   float row_max[2] = {st.row_max[0], st.row_max[1]};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    row_max[h] = max_nan(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
-    row_max[h] = max_nan(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+    row_sum[h] = quad_sum(row_sum[h]);
+    row_max[h] = quad_max(row_max[h]);
     if (c == 0) {
-      ss.row_sum[wg][16 * warp + g + 8 * h] = row_sum[h];
-      ss.row_max[wg][16 * warp + g + 8 * h] = row_max[h];
+      ss.row_sum[wg][frag_row(warp, g, h)] = row_sum[h];
+      ss.row_max[wg][frag_row(warp, g, h)] = row_max[h];
     }
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
@@ -42,7 +40,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
     const float kv_scale = *params.kv_scale;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = 16 * warp + g + 8 * h;
+      const int row = frag_row(warp, g, h);
       const int head = head_begin + row;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
@@ -80,6 +78,8 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // per pair, else two 2-byte stores. One branch per item, not per store.
   const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
+  // Heads frag_col(c, j, e), written out here: through the function, the loop's addressing compiles
+  // to different code.
   const auto store = [&](auto aligned_pairs) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

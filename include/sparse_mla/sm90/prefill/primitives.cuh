@@ -105,6 +105,23 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return r;
 }
 
+// Fragment coordinates of a warpgroup's m64nNk32 accumulator, for warp `warp` of the warpgroup and
+// g = lane / 4, c = lane % 4: a thread's element 4j + 2h + e lies at row frag_row(warp, g, h) and
+// column frag_col(c, j, e). The S accumulator's rows are heads and its columns slots; the O^T
+// accumulator's columns are heads (its rows, dims, are permuted: consumer.cuh).
+__device__ __forceinline__ int frag_row(int warp, int g, int h) { return 16 * warp + g + 8 * h; }
+__device__ __forceinline__ int frag_col(int c, int j, int e) { return 8 * j + 2 * c + e; }
+
+// The max and the sum over the 4 threads of an accumulator row (lanes 4g .. 4g + 3), in each of them.
+__device__ __forceinline__ float quad_max(float x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

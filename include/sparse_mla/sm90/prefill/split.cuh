@@ -39,7 +39,8 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
     }
     __stcg(reinterpret_cast<float4*>(mine + PART_O_FLOATS) + t,
            make_float4(st.row_sum[0], st.row_sum[1], st.row_max[0], st.row_max[1]));
-    // Both consumers hold the same references: consumer 0 writes them.
+    // Both consumers hold the same references: consumer 0 writes them, at heads frag_row(warp, g, h)
+    // (written out: as one offset the address compiles to different code).
     if (wg == 0 && c == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) __stcg(mine + PART_O_FLOATS + PART_STAT_FLOATS + 16 * warp + g + 8 * h, st.reference[h]);
@@ -68,9 +69,9 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
   row_reference[0] = row_reference[1] = -INFINITY;
   for (int p = 0; p < parts; ++p) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) head_reference[j] = fmaxf(head_reference[j], reference_of(p, 8 * (j / 2) + 2 * c + j % 2));
+    for (int j = 0; j < 16; ++j) head_reference[j] = fmaxf(head_reference[j], reference_of(p, frag_col(c, j / 2, j % 2)));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_reference[h] = fmaxf(row_reference[h], reference_of(p, 16 * warp + g + 8 * h));
+    for (int h = 0; h < 2; ++h) row_reference[h] = fmaxf(row_reference[h], reference_of(p, frag_row(warp, g, h)));
   }
   // Parts in order, this CTA's own part read back like the others: the sums are bitwise the same
   // whichever part finished last.
@@ -78,7 +79,7 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
     const float* const part = item_ws + static_cast<int64_t>(p) * PART_FLOATS;
     float head_weight[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) head_weight[j] = weight(reference_of(p, 8 * (j / 2) + 2 * c + j % 2), head_reference[j]);
+    for (int j = 0; j < 16; ++j) head_weight[j] = weight(reference_of(p, frag_col(c, j / 2, j % 2)), head_reference[j]);
 #pragma unroll
     for (int k = 0; k < 32; ++k) {
       // o[4jj + 2h + e] holds head 8jj + 2c + e (jj = k % 8): weights head_weight[2jj + e].
@@ -94,7 +95,7 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
     const float4 stats = __ldcg(reinterpret_cast<const float4*>(part + PART_O_FLOATS) + t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float wr = weight(reference_of(p, 16 * warp + g + 8 * h), row_reference[h]);
+      const float wr = weight(reference_of(p, frag_row(warp, g, h)), row_reference[h]);
       const float sum = h == 0 ? stats.x : stats.y, mx = h == 0 ? stats.z : stats.w;
       st.row_sum[h] = p == 0 ? sum * wr : fmaf(sum, wr, st.row_sum[h]);
       st.row_max[h] = p == 0 ? mx : max_nan(st.row_max[h], mx);
