@@ -169,7 +169,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
   const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
-  const int swz = (g >> 1) & 3;  // (row >> 1) & 3 for both rows g and g + 8 of the warp
+  const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
 
   // P against the current references, and in the same pass the max of this thread's (rounded) logits.
   float mloc[2], psum[2];
@@ -251,7 +251,9 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   }
 
   // This thread's ldmatrix row (slot 32ks + lane) and 16-byte chunk (16wg + 4i + warp) of a KV tile.
-  const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ ((lane >> 1) & 3)) << 4));
+  // It is swizzled_offset(lane, 16wg + warp, B_TOPK), written out: through the function the pair loop
+  // compiles to different code.
+  const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ sw64_xor(lane)) << 4));
 
   float s[32];
   const KvStage first(pair_base);  // the unit's first pair
