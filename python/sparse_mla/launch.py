@@ -36,9 +36,9 @@ def check_hopper(device: torch.device) -> int:
     return index
 
 
-# The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh): floats of one part's state in the
-# workspace (256 consumer threads x (128 O^T values + 4 row statistics) + 64 head references), at most
-# 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so that a part's work stays
+# The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh; PART_FLOATS in traits.cuh): floats
+# of one part's state in the workspace (256 consumer threads x (128 O^T values + 4 row statistics) + 64
+# head references), at most 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so that a part's work stays
 # well above the cost of merging it, and at most 8 rounds of items: beyond, the last round is a small
 # share of the call and the split's fixed costs (the kernel that zeroes the counters, the merges)
 # outweigh what it saves.
