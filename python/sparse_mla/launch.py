@@ -38,10 +38,10 @@ def check_hopper(device: torch.device) -> int:
 
 # The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh; PART_FLOATS in traits.cuh): floats
 # of one part's state in the workspace (256 consumer threads x (128 O^T values + 4 row statistics) + 64
-# head references), at most 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so that a part's work stays
-# well above the cost of merging it, and at most 8 rounds of items: beyond, the last round is a small
-# share of the call and the split's fixed costs (the kernel that zeroes the counters, the merges)
-# outweigh what it saves.
+# head references), at most 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so
+# that a part's work stays well above the cost of merging it, and at most 8 rounds of items: beyond, the
+# last round is a small share of the call and the split's fixed costs (the kernel that zeroes the
+# counters, the merges) outweigh what it saves.
 SPLIT_PART_FLOATS = 256 * 128 + 256 * 4 + 64
 HEAD_BLOCK = 64  # heads of one work item (B_H in traits.cuh)
 _MAX_SPLIT_PARTS = 4
