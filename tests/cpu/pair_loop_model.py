@@ -38,7 +38,7 @@ reads followed by generic writes need no proxy fence (the wait_group that retire
 What it does not model: global memory (the split workspace and counters with their __threadfence, the
 outputs, the indices); registers and their wgmma fences (warpgroup_arrive, fence_operands); the
 one-block tile (TOPK <= 64: block 1 neither gathered nor multiplied); what the compiler may move
-(plain C++ shared accesses around an asm without a "memory" clobber: issue 16, part 4); data: each
+(plain C++ shared accesses around an asm without a "memory" clobber: mbarrier_arrive has one); data: each
 pair's softmax path is given (Unit.softmax), and an exact pair other than a unit's first rescales O.
 
 The rule: a change to the consumer loop's or the producer's order changes this model in the same commit.
@@ -56,7 +56,8 @@ CONSUMERS = ("consumer 0", "consumer 1")
 
 @dataclass(frozen=True)
 class KernelOrder:
-    """The orderings issue 16 chooses between."""
+    """The orderings the kernel could use: f7e0947's, the shipped one, and the measured alternatives
+    (benchmarks/experiments/hazards/)."""
 
     pv_wait_in_softmax: bool  # (a) softmax_to_probs retires the in-flight P.V before its first kProbsReady
     # Where the cp.async gathers are fenced for wgmma: "none"; "producer": per pair, both blocks

@@ -1,4 +1,4 @@
-"""The happens-before model of the kernel's pair loop (pair_loop_model.py; issue 16, parts 1 and 2): the
+"""The happens-before model of the kernel's pair loop (pair_loop_model.py): the
 kernel's order has no unordered shared-memory access, f7e0947's has exactly the two known hazards, and
 each mutation of the kernel's order that breaks one ordering is found. No GPU, no compiler, no torch."""
 
@@ -157,7 +157,7 @@ MUTATIONS = [
           "consumer 0 issue_qk reads kv[1][0] (unit 0 pair 1)")],
         id="no kv_full wait before Q.K^T"),
     pytest.param(
-        # What the compiler may do to plain stores before an asm without a "memory" clobber (issue 16, 4).
+        # What the compiler may do to plain stores before an asm without a "memory" clobber.
         KERNEL_ORDER, FIRST_EXACT,
         lambda r: sink_past(r, "producer", lambda e: e.target.startswith("valid"),
                             lambda moved, e: e.op == "mbarrier.arrive" and e.target == "kv_full" + moved.target[5:]),
