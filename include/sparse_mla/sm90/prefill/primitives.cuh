@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -135,14 +136,32 @@ __device__ __forceinline__ uint32_t to_e4m3x2(float lo, float hi) {
   return r;
 }
 
-// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile, in two halves. The low half
-// holds the start address (bits 0-13, in 16-byte units) and the leading byte offset (unused for
-// swizzled K-major: 1); the high half, the same for every tile, the stride byte offset (8 rows x
-// 64 B) and the 64-byte swizzle mode. Stepping through a tile adds to the low half only: start
-// addresses stay below 2^14 units (228 KB), so the add never carries out of its field.
-__device__ __forceinline__ uint32_t desc_sw64_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-constexpr uint32_t DESC_SW64_HI = (512 >> 4) | (2u << 30);
-__device__ __forceinline__ uint64_t desc_sw64(uint32_t lo) { return (static_cast<uint64_t>(DESC_SW64_HI) << 32) | lo; }
+// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile, from cute::GmmaDescriptor's
+// fields: the leading byte offset (unused for swizzled K-major: 1 by convention), the stride byte
+// offset (from one 8-row group to the next: 8 rows x 64 B), base offset 0 (tiles are 1024-byte
+// aligned, so each starts a 512-byte swizzle repeat), the 64-byte swizzle mode, and start address 0
+// (desc_sw64_lo adds it).
+// The compiler folds them into two constants; no static_assert can check those, as a constant
+// expression may not read the union's desc_ after writing its bit fields.
+__device__ __forceinline__ cute::GmmaDescriptor gmma_desc_sw64_fields() {
+  cute::GmmaDescriptor desc;
+  desc.bitfield.leading_byte_offset_ = 1;
+  desc.bitfield.stride_byte_offset_ = (8 * 64) >> 4;
+  desc.bitfield.base_offset_ = 0;
+  desc.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B64);
+  return desc;
+}
+
+// The descriptor in two halves. The low half holds the start address (bits 0-13, in 16-byte units)
+// and the leading byte offset; the high half, the same for every tile, the stride byte offset and
+// the swizzle mode. Stepping through a tile adds to the low half only: start addresses stay below
+// 2^14 units (228 KB), so the add never carries out of its field.
+__device__ __forceinline__ uint32_t desc_sw64_lo(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | gmma_desc_sw64_fields().reg32_[0];
+}
+__device__ __forceinline__ uint64_t desc_sw64(uint32_t lo) {
+  return (static_cast<uint64_t>(gmma_desc_sw64_fields().reg32_[1]) << 32) | lo;
+}
 
 #define SPARSE_MLA_ACC32(d)                                                                          \
   d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], \
