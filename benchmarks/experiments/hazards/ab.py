@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO")
     parser.add_argument("--indices", choices=("uniform",) + tuple(PRESETS), default="uniform")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK}")
+    parser.add_argument("--shape", action="append", metavar="S_Q,S_KV,H_Q,D_QK,TOPK",
+                        help="time these shapes instead of the benchmark table's")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="also time each variant in the batch-invariant mode (as NAME+bi)")
     parser.add_argument("--iters", type=int, default=60, help="timed calls of each variant per shape")
@@ -89,6 +91,8 @@ def main() -> None:
     variants = dict(load_variant(spec) for spec in args.variant)
     dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
     shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
+    if args.shape:
+        shapes = [tuple(int(x) for x in spec.split(",")) for spec in args.shape]
     rows = []
     for shape in shapes:
         s_q, s_kv, h_q, d_qk, topk = shape
