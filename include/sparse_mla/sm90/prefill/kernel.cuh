@@ -34,7 +34,7 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
   return static_cast<float>(folded > LIMIT ? LIMIT : folded < -LIMIT ? -LIMIT : folded);  // NaN stays NaN
 }
 
-// Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh, WorkUnit).
+// Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
 template <int D_QK, int TOPK>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -64,19 +64,27 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   }
   __syncthreads();
 
+  // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh).
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
-    run_producer<D_QK, TOPK>(params, ss, head_blocks, n_units);
+    const ProducerThread pt = producer_thread();
+    WorkScheduler<TOPK> scheduler(params, head_blocks, n_units);
+    for (; scheduler.has_work(); scheduler.advance()) {
+      const WorkUnit w = scheduler.current();
+      produce_unit<D_QK, TOPK>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
-    int pair_base = 0;
-    for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
-      const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
+    WorkScheduler<TOPK> scheduler(params, head_blocks, n_units);
+    // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
+    // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
+    // different code at topk 1 and 64.
+    for (; scheduler.has_work(); scheduler.advance()) {
+      const WorkUnit w = scheduler.current();
       ConsumerState st;
-      run_consumer_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, pair_base, unit_count, st);
-      pair_base += w.n_pairs;
-      if (unit >= params.split_begin && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
+      run_consumer_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
+      if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
       store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
     }
   }

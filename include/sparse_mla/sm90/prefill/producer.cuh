@@ -1,5 +1,6 @@
-// The producer warpgroup: for each work unit of the CTA, loads its Q tile, then gathers the KV rows
-// of every pair of blocks into a stage, NUM_STAGES pairs ahead of the consumers at most.
+// The producer warpgroup: for each work unit of the CTA (its unit loop is kernel.cuh's), produce_unit
+// loads the unit's Q tile, then gathers the KV rows of every pair of blocks into a stage, NUM_STAGES
+// pairs ahead of the consumers at most.
 //
 // Each of the 128 threads moves rows r and r + 32 of a 64-row tile (r = thread / 4), 16-byte chunks
 // 4i + thread % 4 of each: four neighbouring threads read 64 contiguous bytes of a row. Invalid slots
@@ -26,104 +27,123 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// A producer thread's place, the same for every unit: its lane and warp in the producer warpgroup,
+// its two rows of a 64-row tile, its 16-byte chunk in each 64-byte column block of them, and where
+// that chunk of column block 0 lies in a swizzled tile (column block i lies i * B_TOPK * 64 further).
+struct ProducerThread {
+  int lane, warp;
+  int chunk;
+  int rows[2];
+  uint32_t dst_offset[2];
+};
+
+__device__ __forceinline__ ProducerThread producer_thread() {
+  const int t = threadIdx.x - NUM_CONSUMER_THREADS;
+  ProducerThread pt;
+  pt.lane = t % 32;
+  pt.warp = t / 32;
+  pt.chunk = t % 4;
+  pt.rows[0] = t / 4;
+  pt.rows[1] = t / 4 + 32;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) pt.dst_offset[k] = swizzled_offset(pt.rows[k], pt.chunk, B_TOPK);
+  return pt;
+}
+
+// One work unit: its Q tile, then its pairs. `unit_count` counts the CTA's earlier units (the QStage of
+// q_empty), `pair_base` their pairs (the KvStage of each pair).
 template <int D_QK, int TOPK>
-__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
-                                             int n_units) {
+__device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK>& ss,
+                                             const ProducerThread& pt, const WorkUnit& w, int unit_count,
+                                             int pair_base) {
   constexpr int ROW_CHUNKS = D_QK / 64;  // 16-byte chunks of a row moved by one thread
   constexpr int BLOCK_STRIDE = B_TOPK * 64;  // bytes between 64-byte column blocks of a tile
-  const int t = threadIdx.x - NUM_CONSUMER_THREADS;
-  const int lane = t % 32, warp = t / 32;
-  const int chunk = t % 4;
-  const int rows[2] = {t / 4, t / 4 + 32};
-  uint32_t dst_offset[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) dst_offset[k] = swizzled_offset(rows[k], chunk, B_TOPK);
+  // Copies of pt's fields: read through pt instead, the producer compiles to different code (every
+  // test key's cubin changes).
+  const int lane = pt.lane, warp = pt.warp, chunk = pt.chunk;
+  const int rows[2] = {pt.rows[0], pt.rows[1]};
+  const uint32_t dst_offset[2] = {pt.dst_offset[0], pt.dst_offset[1]};
 
   const uint8_t* kv = reinterpret_cast<const uint8_t*>(params.kv);
   const int s_kv = params.s_kv;
-  int pair_base = 0;  // pairs of earlier units: the KvStage of each pair, continued across units
-  for (int unit = blockIdx.x, unit_count = 0; unit < n_units; unit += gridDim.x, ++unit_count) {
-    const WorkUnit w = work_unit<TOPK>(unit, params, head_blocks);
-    const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
-    const int n_slots = w.n_slots, n_pairs = w.n_pairs;
-    // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
-    {
-      const QStage q(unit_count);
-      if (q.reused()) mbarrier_wait(&ss.q_empty, q.empty_phase());
-      const uint32_t q_tile = smem_addr(ss.q);
+  const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
+  const int n_slots = w.n_slots, n_pairs = w.n_pairs;
+  // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
+  {
+    const QStage q(unit_count);
+    if (q.reused()) mbarrier_wait(&ss.q_empty, q.empty_phase());
+    const uint32_t q_tile = smem_addr(ss.q);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const bool valid = rows[k] < num_heads;
-        const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
-                             (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
+    for (int k = 0; k < 2; ++k) {
+      const bool valid = rows[k] < num_heads;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
+                           (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
 #pragma unroll
-        for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
-      }
-      cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none
-      if (n_pairs == 0) {
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        mbarrier_arrive(&ss.q_full);
-      }
+      for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
     }
+    cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none
+    if (n_pairs == 0) {
+      cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      mbarrier_arrive(&ss.q_full);
+    }
+  }
 
-    const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK + w.slot_begin;
-    auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
+  const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK + w.slot_begin;
+  auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
 
-    int32_t index[2][2];  // [block of the pair][row k]
+  int32_t index[2][2];  // [block of the pair][row k]
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
+  }
+
+  for (int pair = 0; pair < n_pairs; ++pair) {
+    const KvStage stage(pair_base + pair);
+    int32_t next[2][2];
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
+      for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
     }
-
-    for (int pair = 0; pair < n_pairs; ++pair) {
-      const KvStage stage(pair_base + pair);
-      int32_t next[2][2];
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < 2; ++b) {
+      if (stage.reused()) mbarrier_wait(&ss.kv_empty[stage.index][b], stage.empty_phase());
+      const uint32_t tile = smem_addr(ss.kv[stage.index][b]);
+      bool valid[2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
+      for (int k = 0; k < 2; ++k) {
+        valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
+        const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
+        if (one_block_tile<TOPK>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
+#pragma unroll
+        for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
       }
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        if (stage.reused()) mbarrier_wait(&ss.kv_empty[stage.index][b], stage.empty_phase());
-        const uint32_t tile = smem_addr(ss.kv[stage.index][b]);
-        bool valid[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
-          const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
-          if (one_block_tile<TOPK>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
-#pragma unroll
-          for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
-        }
-        cp_async_commit();
-        // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
-        // Released with lane 0's arrival below.
-        const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
-        const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
-        if (lane == 0) {
-          uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
-          bytes[warp] = static_cast<uint8_t>(low);
-          bytes[4 + warp] = static_cast<uint8_t>(high);
-        }
-      }
-      // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
-      cp_async_wait<1>();
-      cutlass::arch::fence_view_async_shared();
-      if (pair == 0) mbarrier_arrive(&ss.q_full);
-      mbarrier_arrive(&ss.kv_full[stage.index][0]);
-      cp_async_wait<0>();
-      cutlass::arch::fence_view_async_shared();
-      mbarrier_arrive(&ss.kv_full[stage.index][1]);
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
+      cp_async_commit();
+      // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
+      // Released with lane 0's arrival below.
+      const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
+      const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
+      if (lane == 0) {
+        uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
+        bytes[warp] = static_cast<uint8_t>(low);
+        bytes[4 + warp] = static_cast<uint8_t>(high);
       }
     }
-    pair_base += n_pairs;
+    // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
+    cp_async_wait<1>();
+    cutlass::arch::fence_view_async_shared();
+    if (pair == 0) mbarrier_arrive(&ss.q_full);
+    mbarrier_arrive(&ss.kv_full[stage.index][0]);
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    mbarrier_arrive(&ss.kv_full[stage.index][1]);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
+    }
   }
 }
 

@@ -1,9 +1,9 @@
 // The work-unit sequence of a CTA and the pipeline cursors of its rings of buffers.
 //
-// The producer (producer.cuh) and the consumers (kernel.cuh's unit loop, consumer.cuh) never exchange
-// which unit or which stage comes next: both walk this CTA's units in the same order (work_unit), count
-// the units and pairs before the current one the same way, and derive each mbarrier's stage and
-// parity from those counts through the same cursor (PipelineState).
+// The producer and the consumers never exchange which unit or which stage comes next: each role
+// iterates its own WorkScheduler (kernel.cuh's two unit loops), which walks this CTA's units in one
+// order (work_unit) and counts the units and pairs before the current one, and both roles derive
+// each mbarrier's stage and parity from those counts through the same cursor (PipelineState).
 #pragma once
 
 #include <cstdint>
@@ -91,5 +91,42 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
   w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
   return w;
 }
+
+// This CTA's walk through its work units: the current one, whether it is a part of a split item, and
+// the counts the roles make their cursors from (QStage of the Q tile, KvStage of each pair).
+// head_blocks and n_units are num_head_blocks and num_work_units of params, which the kernel computes
+// once for both roles before the role split (computed in here, they compile to a different schedule).
+// current() notes where the unit's pairs end and advance() moves the pair count there, so that the
+// add sits ahead of the consumers' split merge: made in advance() from the unit, at the end of the
+// consumers' loop, it compiles to a different schedule.
+template <int TOPK>
+class WorkScheduler {
+ public:
+  __device__ __forceinline__ WorkScheduler(const PrefillParams& params, int head_blocks, int n_units)
+      : params_(params), head_blocks_(head_blocks), n_units_(n_units), unit_(blockIdx.x) {}
+
+  __device__ __forceinline__ bool has_work() const { return unit_ < n_units_; }
+  __device__ __forceinline__ WorkUnit current() {
+    const WorkUnit w = work_unit<TOPK>(unit_, params_, head_blocks_);
+    pair_end_ = pair_base_ + w.n_pairs;
+    return w;
+  }
+  __device__ __forceinline__ bool is_split_part() const { return unit_ >= params_.split_begin; }
+  __device__ __forceinline__ int unit_count() const { return unit_count_; }
+  __device__ __forceinline__ int pair_base() const { return pair_base_; }
+  __device__ __forceinline__ void advance() {
+    unit_ += gridDim.x;
+    ++unit_count_;
+    pair_base_ = pair_end_;
+  }
+
+ private:
+  const PrefillParams& params_;
+  int head_blocks_, n_units_;
+  int unit_;            // the current unit: blockIdx.x, blockIdx.x + gridDim.x, ...
+  int unit_count_ = 0;  // this CTA's units before it
+  int pair_base_ = 0;   // their pairs
+  int pair_end_ = 0;    // pair_base_ plus the current unit's pairs (current())
+};
 
 }  // namespace sparse_mla::sm90::prefill
