@@ -1,9 +1,9 @@
 """A happens-before model of one CTA of the SM90 prefill kernel (include/sparse_mla/sm90/prefill/).
 
-What it models. The events of the producer warpgroup (run_producer) and of the two consumer warpgroups
-(run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs, in kernel.cuh's unit loop)
-for a sequence of work units on one CTA, each event named after the kernel statement it stands for:
-cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
+What it models. The events of the producer warpgroup (produce_unit, producer.cuh) and of the two
+consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs), both
+in kernel.cuh's unit loops, for a sequence of work units on one CTA, each event named after the kernel
+statement it stands for: cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
 cpasync_barrier_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
 wait_group; st.shared, ld.shared and ldmatrix; fence.proxy.async. From them, check() builds the
 happens-before graph:
@@ -196,7 +196,7 @@ def kernel_roles(order: KernelOrder, units) -> dict[str, list[Event]]:
             "consumer 1": consumer_events(order, units, 1)}
 
 
-# ---- The producer: run_producer (producer.cuh). ----
+# ---- The producer: kernel.cuh's unit loop and produce_unit (producer.cuh). ----
 def producer_events(order, units):
     p = _Trace()
     pair_base = 0  # pairs of earlier units: stages and phases continue across units
