@@ -1,0 +1,159 @@
+"""Tensor-parallel head counts: what a rank with h_q = 8-32 heads pays per head, against h_q 64 and the incumbent.
+
+Serving engines shard the query heads over the GPUs of a tensor-parallel group: DeepSeek-V3.2's 128
+heads leave 16 per GPU at TP 8, GLM-5- and V4-class models 8. This table times h_q 8, 16, 32, 64 and
+128 at s_q 1K and 4K, s_kv 8K and 128K (d_qk 576, topk 2048), on one index pattern, with the
+benchmark protocol of bench.py (randn q and kv quantized to e4m3, L2 flushed before every timed call,
+CUDA events, the median). Columns:
+
+- time, and useful TFLOPS: 2 * (valid slots) * h_q * (d_qk + 512) / time, the valid slots counted in
+  the indices (realistic patterns pad a short causal prefix with -1);
+- per (token, head): the time per query row and head relative to h_q 64 at the same (s_q, s_kv) and
+  indices, so 1.0 means a head costs what it costs in a full 64-head tile;
+- with ``--incumbent``: the incumbent's time on q padded to 64 heads (it accepts only multiples of
+  64, and serving engines pad to call it), timed call by call in turn with ours, and the ratio.
+
+    python benchmarks/tp.py --indices realistic-glm --incumbent .incumbent/sglang_q8kv8.so
+
+Writes ``tp-<indices>-<date>.json`` (GPU, date, commit, every row) under ``--out`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
+from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit  # noqa: E402
+
+from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
+from sparse_mla.testing import (  # noqa: E402
+    PRESETS,
+    interleaved_median_ms,
+    make_inputs,
+    median_time_ms,
+    poisoned_outputs,
+    realistic_indices,
+    reference_prefill,
+    relative_error,
+)
+
+HEAD_COUNTS = (8, 16, 32, 64, 128)
+S_Q = (1024, 4096)
+S_KV = (8192, 131072)
+D_QK, TOPK, D_V = 576, 2048, 512
+PADDED_HEADS = 64  # the incumbent's head block: q is padded to a multiple of it
+CHECK_ROWS = 16
+
+
+def useful_flops(indices: torch.Tensor, s_kv: int, h_q: int, d_qk: int = D_QK, d_v: int = D_V) -> int:
+    """2 * (valid slots) * h_q * (d_qk + d_v): the FLOPs of the slots that attend to a row."""
+    valid = int(((indices >= 0) & (indices < s_kv)).sum())
+    return 2 * valid * h_q * (d_qk + d_v)
+
+
+def per_head_cost(rows: list[dict]) -> None:
+    """Adds ``per_head_vs_64`` to every row: its time per (query row, head) over that of the h_q 64 row
+    with the same s_q, s_kv and indices (rows without one get None)."""
+    reference = {(r["s_q"], r["s_kv"], r["indices"]): r["ms"] / (r["s_q"] * r["h_q"]) for r in rows if r["h_q"] == 64}
+    for r in rows:
+        base = reference.get((r["s_q"], r["s_kv"], r["indices"]))
+        r["per_head_vs_64"] = None if base is None else r["ms"] / (r["s_q"] * r["h_q"]) / base
+
+
+def padded_heads(h_q: int) -> int:
+    return -(-h_q // PADDED_HEADS) * PADDED_HEADS
+
+
+def incumbent_call(dispatch, inputs: dict, s_kv: int):
+    """The incumbent on q padded with zero heads to a multiple of 64, as serving engines call it."""
+    q = inputs["q"]
+    s_q, h_q, d_qk = q.shape
+    padded = torch.zeros(s_q, padded_heads(h_q), d_qk, dtype=q.dtype, device=q.device)
+    padded[:, :h_q] = q
+    outputs = poisoned_outputs(s_q, padded.shape[1], D_V)
+    kv, indices = inputs["kv"].contiguous(), inputs["indices"].contiguous()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        dispatch(padded, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"], outputs["max_logits"],
+                 outputs["lse"], s_q, s_kv, padded.shape[1], 1, d_qk, D_V, TOPK, inputs["sm_scale"], stream)
+    return call
+
+
+def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
+    inputs = make_inputs(s_q, s_kv, h_q, D_QK, TOPK, seed=args.seed)
+    if pattern != "uniform":
+        inputs["indices"] = realistic_indices(s_q, s_kv, TOPK, **PRESETS[pattern], seed=args.seed)
+    outputs = poisoned_outputs(s_q, h_q, D_V)
+    ours = lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)  # noqa: E731
+    row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern)
+    if dispatch is None:
+        row["ms"] = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
+    else:
+        times = interleaved_median_ms({"ours": ours, "incumbent": incumbent_call(dispatch, inputs, s_kv)},
+                                      iters=args.iters, warmup=args.warmup)
+        row.update(ms=times["ours"], incumbent_ms=times["incumbent"], ratio_vs_incumbent=times["incumbent"] / times["ours"])
+    row["useful_tflops"] = useful_flops(inputs["indices"], s_kv, h_q) / (row["ms"] * 1e-3) / 1e12
+    ref_out, _, _ = reference_prefill(inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS],
+                                      inputs["sm_scale"], inputs["q_scale"], inputs["kv_scale"], D_V)
+    row["out_rel_err"] = relative_error(outputs["out"][:CHECK_ROWS], ref_out)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    side = "incumbent_ms" in rows[0]
+    lines = [f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} | {'ms':>7} {'TFLOPS':>6} {'per head':>8}"
+             + (f" | {'incumb ms':>9} {'ratio':>5}" if side else "") + f" | {'out err':>8}"]
+    for r in rows:
+        per = "-" if r["per_head_vs_64"] is None else f"{r['per_head_vs_64']:.2f}x"
+        lines.append(f"{r['s_q']:>5} {r['s_kv']:>6} {r['h_q']:>4} | {r['ms']:>7.3f} {r['useful_tflops']:>6.0f} {per:>8}"
+                     + (f" | {r['incumbent_ms']:>9.3f} {r['ratio_vs_incumbent']:>5.2f}" if side else "")
+                     + f" | {r['out_rel_err']:>8.2e}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform")
+    parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO",
+                        help="tvm-ffi module of the incumbent kernel, timed on q padded to 64 heads")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+
+    dispatch = None
+    if args.incumbent is not None:
+        import tvm_ffi
+
+        dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"]
+    rows = []
+    for s_q in S_Q:
+        for s_kv in S_KV:
+            for h_q in HEAD_COUNTS:
+                rows.append(measure(s_q, s_kv, h_q, args.indices, args, dispatch))
+                torch.cuda.empty_cache()
+                print(f"measured {s_q}x{s_kv} h_q={h_q}: {rows[-1]['ms']:.3f} ms", file=sys.stderr)
+    per_head_cost(rows)
+    now = datetime.datetime.now()
+    result = dict(gpu=torch.cuda.get_device_name(), date=now.isoformat(timespec="seconds"), commit=git_commit(),
+                  torch=torch.__version__, indices=args.indices, command=" ".join(["python", "benchmarks/tp.py"] + sys.argv[1:]),
+                  protocol=f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
+                           + ("; incumbent on q padded to 64 heads, timed call by call in turn" if dispatch else ""),
+                  rows=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"tp-{args.indices}-{now:%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}\n\n{result['gpu']}, {args.indices} indices, commit {result['commit'][:12]}")
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
