@@ -29,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit  # noqa: E402
+from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
@@ -70,20 +70,15 @@ def padded_heads(h_q: int) -> int:
     return -(-h_q // PADDED_HEADS) * PADDED_HEADS
 
 
-def incumbent_call(dispatch, inputs: dict, s_kv: int):
-    """The incumbent on q padded with zero heads to a multiple of 64, as serving engines call it."""
+def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
+    """The incumbent (bench.py's call) on q padded with zero heads to a multiple of 64, as serving
+    engines call it."""
     q = inputs["q"]
     s_q, h_q, d_qk = q.shape
     padded = torch.zeros(s_q, padded_heads(h_q), d_qk, dtype=q.dtype, device=q.device)
     padded[:, :h_q] = q
-    outputs = poisoned_outputs(s_q, padded.shape[1], D_V)
-    kv, indices = inputs["kv"].contiguous(), inputs["indices"].contiguous()
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def call():
-        dispatch(padded, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"], outputs["max_logits"],
-                 outputs["lse"], s_q, s_kv, padded.shape[1], 1, d_qk, D_V, TOPK, inputs["sm_scale"], stream)
-    return call
+    shape = dict(s_q=s_q, s_kv=s_kv, h_q=padded.shape[1], d_qk=d_qk, topk=TOPK)
+    return incumbent_call(dispatch, dict(inputs, q=padded), shape)[0]
 
 
 def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
@@ -96,7 +91,7 @@ def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespac
     if dispatch is None:
         row["ms"] = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
     else:
-        times = interleaved_median_ms({"ours": ours, "incumbent": incumbent_call(dispatch, inputs, s_kv)},
+        times = interleaved_median_ms({"ours": ours, "incumbent": padded_incumbent_call(dispatch, inputs, s_kv)},
                                       iters=args.iters, warmup=args.warmup)
         row.update(ms=times["ours"], incumbent_ms=times["incumbent"], ratio_vs_incumbent=times["incumbent"] / times["ours"])
     row["useful_tflops"] = useful_flops(inputs["indices"], s_kv, h_q) / (row["ms"] * 1e-3) / 1e12

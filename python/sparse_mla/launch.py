@@ -14,6 +14,7 @@ import torch
 
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, get_module
+from sparse_mla.validate import HEAD_BLOCK
 
 __all__ = ["SPLIT_PART_FLOATS", "launch", "split_plan"]
 
@@ -43,7 +44,6 @@ def check_hopper(device: torch.device) -> int:
 # last round is a small share of the call and the split's fixed costs (the kernel that zeroes the
 # counters, the merges) outweigh what it saves.
 SPLIT_PART_FLOATS = 256 * 128 + 256 * 4 + 64
-HEAD_BLOCK = 64  # heads of one work item (B_H in traits.cuh)
 _MAX_SPLIT_PARTS = 4
 _MIN_SPLIT_SLOTS = 256
 _MAX_SPLIT_ROUNDS = 8

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _benchmark_script(name: str):
+    """benchmarks/<name>.py imported by path (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location(f"sparse_mla_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def bench():
+    return _benchmark_script("bench")
+
+
+@pytest.fixture(scope="session")
+def tp():
+    return _benchmark_script("tp")
 
 
 @pytest.fixture

@@ -5,22 +5,12 @@ bench.py is imported by path (benchmarks/ is no package); the functions tested h
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("sparse_mla_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(s_q=4096, s_kv=8192, h_q=128, d_qk=576, topk=2048, tflops=900.0, ratio=None, **extra):

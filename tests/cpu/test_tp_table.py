@@ -3,23 +3,10 @@ the incumbent is called with. tp.py is imported by path (benchmarks/ is no packa
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.cpu
-
-TP = Path(__file__).resolve().parents[2] / "benchmarks" / "tp.py"
-
-
-@pytest.fixture(scope="module")
-def tp():
-    spec = importlib.util.spec_from_file_location("sparse_mla_tp", TP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_useful_flops_count_only_valid_slots(tp):

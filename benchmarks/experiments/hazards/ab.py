@@ -24,8 +24,11 @@ import sys
 import torch
 import tvm_ffi
 
-from sparse_mla.launch import launch
-from sparse_mla.testing import (
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
+from bench import incumbent_call  # noqa: E402
+
+from sparse_mla.launch import launch  # noqa: E402
+from sparse_mla.testing import (  # noqa: E402
     PRESETS,
     interleaved_median_ms,
     make_inputs,
@@ -64,16 +67,6 @@ def load_variant(spec: str) -> tuple[str, dict]:
     return name, modules
 
 
-def incumbent_call(dispatch, inputs: dict, shape: tuple):
-    s_q, s_kv, h_q, d_qk, topk = shape
-    outputs = poisoned_outputs(s_q, h_q)
-    q, kv, indices = inputs["q"].contiguous(), inputs["kv"].contiguous(), inputs["indices"].contiguous()
-    stream = torch.cuda.current_stream().cuda_stream
-    return lambda: dispatch(q, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"],
-                            outputs["max_logits"], outputs["lse"], s_q, s_kv, h_q, 1, d_qk, 512, topk,
-                            inputs["sm_scale"], stream)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT")
@@ -108,7 +101,8 @@ def main() -> None:
                     inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
                     o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m))
         if dispatch is not None:
-            calls["incumbent"] = incumbent_call(dispatch, inputs, shape)
+            shape_args = dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape))
+            calls["incumbent"] = incumbent_call(dispatch, inputs, shape_args)[0]
         ms = interleaved_median_ms(calls, iters=args.iters)
         first = next(iter(variants))
         identical = {name: all(torch.equal(outputs[name][k], outputs[first][k]) for k in ("out", "max_logits", "lse"))

@@ -1,7 +1,7 @@
 // The tail split: the last, partial round of work items cut into parts that fill the idle CTAs.
 //
 // With one CTA per SM walking the work items in rounds of gridDim.x, s_q = 437 at h_q 64 runs 4
-// rounds for 3.3 rounds of work. The split plan (`_split_plan`, python/sparse_mla/api.py) cuts each
+// rounds for 3.3 rounds of work. The split plan (`split_plan`, python/sparse_mla/launch.py) cuts each
 // item of the last round into split_parts ranges of its pairs, each a work unit on another CTA
 // (scheduler.cuh, work_unit).
 // Every part publishes its softmax state (unnormalized O^T, row sums and maxima, references) to a
