@@ -14,6 +14,7 @@
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
 #include <sparse_mla/sm90/prefill/epilogue.cuh>
+#include <sparse_mla/sm90/prefill/narrow.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/producer.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
@@ -35,7 +36,8 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
 }
 
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
-template <int D_QK, int TOPK>
+// NARROW: the narrow-head tile (narrow.cuh) for h_q <= NARROW_HEADS, launched without a tail split.
+template <int D_QK, int TOPK, bool NARROW>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
   __trap();  // built for the wrong target (wgmma and setmaxnreg need sm_90a)
@@ -77,6 +79,14 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
     WorkScheduler<TOPK> scheduler(params, head_blocks, n_units);
+    if constexpr (NARROW) {  // whole items only: the launch runs a split call with the wide tile
+      for (; scheduler.has_work(); scheduler.advance()) {
+        const WorkUnit w = scheduler.current();
+        NarrowState st;
+        run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
+        store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
+      }
+    } else {
     // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
     // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
     // different code at topk 1 and 64.
@@ -86,6 +96,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       run_consumer_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
       if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
       store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
+    }
     }
   }
 #endif

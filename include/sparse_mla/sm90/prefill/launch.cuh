@@ -18,7 +18,9 @@ cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
   static_assert(TOPK > 0, "topk must be positive");
   constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
-  auto kernel = prefill::prefill_kernel<D_QK, TOPK>;
+  // The narrow-head tile has no tail split: a split call runs the wide one.
+  const bool narrow = params.h_q <= prefill::NARROW_HEADS && params.split_parts == 1;
+  auto kernel = narrow ? prefill::prefill_kernel<D_QK, TOPK, true> : prefill::prefill_kernel<D_QK, TOPK, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.

@@ -19,6 +19,7 @@
 namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
+constexpr int NARROW_HEADS = 32; // h_q up to this runs the narrow-head tile (narrow.cuh)
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
 constexpr int NUM_CONSUMER_THREADS = 256;  // WG0 and WG1
@@ -73,6 +74,9 @@ struct SharedStorage {
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
+  float head_max[2][4][NARROW_HEADS];  // narrow tile: per consumer and warp, a head's max (exact path, epilogue)
+  float head_sum[2][4][NARROW_HEADS];  // narrow tile epilogue: per consumer and warp, a head's sum
+  float head_reference[NARROW_HEADS];  // narrow tile epilogue: each head's reference
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done

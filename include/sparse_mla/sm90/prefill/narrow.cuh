@@ -1,0 +1,360 @@
+// The narrow-head tile: the consumers' pair loop and epilogue for h_q <= NARROW_HEADS (tensor-parallel
+// ranks), with the logits computed transposed so that the tile's N, not its M, spans the heads.
+//
+// Per pair, consumer w (w = 0, 1), as in consumer.cuh but transposed:
+//   S_w^T = K_w . Q^T          64 slots x NH heads of block w, e4m3 wgmma m64nNHk32 (SS), A = the
+//                              block's rows, B = Q's first NH rows
+//   P_w^T = 2^(S_w^T - reference[head]) -> e4m3 -> probs[pair % 2][w], stored as the wide tile
+//          stores P (rows = heads, slots in the P.V K order), so P.V reads it the same way
+//   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T    m64nNHk32 (RS)
+// A thread's logits are 2 slots x 8 heads; its heads (8j + 2c + e) are also its O^T columns, so the
+// references, row sums and rescale factors of its heads live in its registers: alpha needs no shared
+// memory. The maxima and sums of a head are reduced over the 8 threads of a column (shuffles over g)
+// and, where needed, over the 4 warps and both consumers through shared memory.
+//
+// Fragments (g = lane / 4, c = lane % 4, warp q):
+// - S^T accumulator s[4j + 2h + e]: slot 16q + g + 8h, head 8j + 2c + e (j < NH / 8).
+// - O^T accumulator o[i][4j + 2h + e]: dim 256w + 64i + 16q + 2g + h, head 8j + 2c + e.
+// - P in the P.V K order: slot 16G + r sits at K position 4(r' >> 1) + (r' & 1) + 2 (r >= 8), r' = r mod 8:
+//   a thread's slots g and g + 8 of warp q are bytes 4(g >> 1) + (g & 1) and + 2 of chunk q; the
+//   threads g and g ^ 1 (lanes l and l ^ 4) hold the 4 bytes of one group and swap half of them.
+// No tail split: a narrow work unit is a whole item.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/traits.cuh>
+
+namespace sparse_mla::sm90::prefill {
+
+constexpr int NH = NARROW_HEADS;  // heads of the narrow tile: the N of Q.K^T and of P.V
+constexpr int NH_J = NH / 8;      // 8-column groups of a thread's accumulator row
+constexpr int NH_REGS = NH / 2;   // accumulator registers per thread per m64nNH tile
+static_assert(NH == 32, "the wgmma atoms below are m64n32k32");
+
+struct NarrowState {
+  float o[4][NH_REGS];         // O^T, see the fragment notes
+  float reference[2 * NH_J];   // per head 8j + 2c + e of this thread, at 2j + e (log2 units)
+  float row_max[2 * NH_J];     // running max of this thread's logits of the head
+  float row_sum[2 * NH_J];     // this thread's share of sum(P) relative to `reference`
+  float alpha[2 * NH_J];       // the pair's rescale factor of O per head
+};
+
+__device__ __forceinline__ void wgmma_64x32x32_ss(float (&d)[NH_REGS], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>::fma(
+      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14],
+      d[15], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+__device__ __forceinline__ void wgmma_64x32x32_rs(float (&d)[NH_REGS], const uint32_t (&a)[4], uint64_t desc_b) {
+  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
+                                                          d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13],
+                                                          d[14], d[15]);
+}
+
+// S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.
+template <int D_QK>
+__device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[NH_REGS]) {
+  constexpr int STEPS = D_QK / 32;
+  const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
+  const uint32_t dk = desc_sw64_lo(smem_addr(ss.kv[stage][wg]));
+#pragma unroll
+  for (int j = 0; j < NH_REGS; ++j) s[j] = 0.f;
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int kk = 0; kk < STEPS; ++kk) {
+    const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
+    wgmma_64x32x32_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
+  }
+  cute::warpgroup_commit_batch();
+}
+
+__device__ __forceinline__ void issue_pv_narrow(float (&o)[4][NH_REGS], const uint32_t (&a)[2][4][4], uint32_t probs) {
+  const uint32_t dp = desc_sw64_lo(probs);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) fence_operands(o[i]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wgmma_64x32x32_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+  }
+  cute::warpgroup_commit_batch();
+}
+
+// The max of x over the 8 threads of an accumulator column (lanes c, c + 4, .., c + 28), in each of them.
+__device__ __forceinline__ float column_max(float x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
+// P^T of this thread's 2 slots x 8 heads against `reference`, into the P tile (see the fragment
+// notes); returns per head the sum of the unrounded P and the max of the (rounded) logits.
+// `fused` is warp-uniform (the P exchange below is a shuffle).
+template <bool FUSED>
+__device__ __forceinline__ void write_probs_narrow(const float (&s)[NH_REGS], uint32_t valid2, float scale_log2,
+                                                   const float (&reference)[2 * NH_J], uint32_t probs_row0,
+                                                   float (&psum)[2 * NH_J], float (&mloc)[2 * NH_J]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const bool odd = (g & 1) != 0;
+#pragma unroll
+  for (int j = 0; j < NH_J; ++j) {
+    uint32_t pk[2];  // [e]: e4m3 of slots g (low byte) and g + 8 (high byte) for head 8j + 2c + e
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int hh = 2 * j + e;
+      const float base = reference[hh] == -INFINITY ? 0.f : reference[hh];
+      float p[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = s[4 * j + 2 * h + e];
+        const bool ok = ((valid2 >> h) & 1u) != 0;
+        p[h] = ok ? ex2(FUSED ? fmaf(v, scale_log2, -base) : __fsub_rn(__fmul_rn(v, scale_log2), base)) : 0.f;
+      }
+      const float l0 = ((valid2 >> 0) & 1u) ? __fmul_rn(s[4 * j + e], scale_log2) : -INFINITY;
+      const float l1 = ((valid2 >> 1) & 1u) ? __fmul_rn(s[4 * j + 2 + e], scale_log2) : -INFINITY;
+      psum[hh] = p[0] + p[1];
+      mloc[hh] = max_nan(l0, l1);
+      pk[e] = to_e4m3x2(p[0], p[1]);
+    }
+    // Even g keeps head e = 0 and gives e = 1 to its partner g + 1, which keeps e = 1.
+    const uint32_t keep = odd ? pk[1] : pk[0];
+    const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 4);
+    // Bytes of the group, in K order: even g's slot g, odd's, even's g + 8, odd's.
+    const uint32_t group = odd ? prmt(recv, keep, 0x5140) : prmt(keep, recv, 0x5140);
+    st_shared_u32(probs_row0 + frag_col(c, j, odd ? 1 : 0) * 64, group);
+  }
+}
+
+// Online softmax of one pair, transposed (consumer.cuh's softmax_to_probs, per head column).
+template <int D_QK>
+__device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const float (&s)[NH_REGS], uint64_t valid_bits,
+                                               int buf, float scale_log2, NarrowState& st) {
+  const auto [wg, warp, lane, g, c] = consumer_thread();
+  const uint32_t valid2 = static_cast<uint32_t>((valid_bits >> (16 * warp + g)) & 1u) |
+                          (static_cast<uint32_t>((valid_bits >> (16 * warp + g + 8)) & 1u) << 1);
+  // Byte 4(g >> 1) of chunk `warp` (swizzled by the head row: (head >> 1) & 3 = c for every head of
+  // this thread) of row 0; write_probs_narrow adds the head's row.
+  const uint32_t probs_row0 = smem_addr(ss.probs[buf][wg]) + ((warp ^ c) << 4) + 4 * (g >> 1);
+  bool fused = true;
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) fused = fused && fabsf(st.reference[hh]) <= 0x1p22f;
+  fused = __all_sync(0xffffffffu, fused);
+
+  float mloc[2 * NH_J], psum[2 * NH_J];
+  if (fused) write_probs_narrow<true>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  else write_probs_narrow<false>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
+  cute::warpgroup_wait<0>();  // this consumer's P.V of the previous pair's block 1: consumer.cuh
+  bool moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) {
+    st.row_max[hh] = max_nan(st.row_max[hh], mloc[hh]);
+    moved = moved || mloc[hh] - st.reference[hh] > REFERENCE_SLACK;
+  }
+  if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
+#pragma unroll
+    for (int hh = 0; hh < 2 * NH_J; ++hh) st.row_sum[hh] += psum[hh];
+    return false;
+  }
+
+  // The exact path: each head's max over the 8 threads of its column, the 4 warps and both consumers.
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) {
+    mloc[hh] = column_max(mloc[hh]);
+    if (g == 0) ss.head_max[wg][warp][frag_col(c, hh / 2, hh % 2)] = mloc[hh];
+  }
+  named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+  bool rescale = false;
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) {
+    const int head = frag_col(c, hh / 2, hh % 2);
+    float mx = ss.head_max[0][0][head];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mx = max_nan(mx, ss.head_max[k / 4][k % 4][head]);
+    st.alpha[hh] = 1.f;
+    if (mx - st.reference[hh] > REFERENCE_SLACK) {
+      st.alpha[hh] = ex2(st.reference[hh] - mx);
+      rescale = rescale || st.reference[hh] != -INFINITY;
+      st.reference[hh] = mx;
+    }
+  }
+  fused = true;
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) fused = fused && fabsf(st.reference[hh]) <= 0x1p22f;
+  fused = __all_sync(0xffffffffu, fused);
+  float unused[2 * NH_J];
+  if (fused) write_probs_narrow<true>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+  else write_probs_narrow<false>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) st.row_sum[hh] = st.row_sum[hh] * st.alpha[hh] + psum[hh];
+  cutlass::arch::fence_view_async_shared();
+  return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
+}
+
+// One work unit's pairs with the narrow tile: the wide tile's pair loop (consumer.cuh), step for step.
+template <int D_QK, int TOPK>
+__device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
+                                                    int pair_base, int unit_count, NarrowState& st) {
+  const auto [wg, warp, lane, g, c] = consumer_thread();
+  constexpr bool ONE_BLOCK = one_block_tile<TOPK>();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int k = 0; k < NH_REGS; ++k) st.o[i][k] = 0.f;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) {
+    st.reference[hh] = -INFINITY;
+    st.row_max[hh] = -INFINITY;
+    st.row_sum[hh] = 0.f;
+    st.alpha[hh] = 1.f;
+  }
+  mbarrier_wait(&ss.q_full, QStage(unit_count).phase);
+  if (n_pairs == 0) {
+    mbarrier_arrive(&ss.q_empty);
+    return;
+  }
+  const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ sw64_xor(lane)) << 4));
+
+  float s[NH_REGS];
+  const KvStage first(pair_base);
+  mbarrier_wait(&ss.kv_full[first.index][wg], first.phase);
+  if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, first.index, wg, s);
+  cute::warpgroup_wait<0>();
+  fence_operands(s);
+  bool rescale = softmax_narrow(ss, s, ss.valid[first.index][wg], 0, scale_log2, st);
+
+  for (int pair = 0; pair < n_pairs; ++pair) {
+    const KvStage stage(pair_base + pair);
+    const int buf = pair % 2;
+    const bool has_next = pair + 1 < n_pairs;
+    if (!has_next) mbarrier_arrive(&ss.q_empty);
+    if (rescale) {  // alpha of this thread's own heads: no shared memory
+#pragma unroll
+      for (int j = 0; j < NH_J; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          st.o[i][4 * j + 0] *= st.alpha[2 * j];
+          st.o[i][4 * j + 1] *= st.alpha[2 * j + 1];
+          st.o[i][4 * j + 2] *= st.alpha[2 * j];
+          st.o[i][4 * j + 3] *= st.alpha[2 * j + 1];
+        }
+      }
+    }
+    if (has_next) {
+      mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
+      if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, stage.next().index, wg, s);
+    }
+    mbarrier_wait(&ss.kv_full[stage.index][1 - wg], stage.phase);
+    {
+      uint32_t a[2][4][4];
+      load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
+      mbarrier_arrive(&ss.kv_empty[stage.index][0]);
+      issue_pv_narrow(st.o, a, smem_addr(ss.probs[buf][0]));
+      cute::warpgroup_wait<0>();
+      fence_operands(s);
+    }
+    if constexpr (ONE_BLOCK) {
+      mbarrier_arrive(&ss.kv_empty[stage.index][1]);
+    } else {
+      uint32_t a[2][4][4];
+      load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
+      mbarrier_arrive(&ss.kv_empty[stage.index][1]);
+      issue_pv_narrow(st.o, a, smem_addr(ss.probs[buf][1]));
+    }
+    if (has_next) rescale = softmax_narrow(ss, s, ss.valid[stage.next().index][wg], buf ^ 1, scale_log2, st);
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
+  }
+}
+
+// The epilogue with the narrow tile (epilogue.cuh's store_outputs, per head column).
+template <int D_QK>
+__device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK>& ss,
+                                                     const NarrowState& st, int q_row, int num_heads) {
+  constexpr float LN2 = 0.6931471805599453f;
+  const ConsumerThread thread = consumer_thread();
+  const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
+#pragma unroll
+  for (int hh = 0; hh < 2 * NH_J; ++hh) {
+    const float sum = column_sum(st.row_sum[hh]);
+    const float mx = column_max(st.row_max[hh]);
+    if (g == 0) {
+      const int head = frag_col(c, hh / 2, hh % 2);
+      ss.head_sum[wg][warp][head] = sum;
+      ss.head_max[wg][warp][head] = mx;
+      if (wg == 0 && warp == 0) ss.head_reference[head] = st.reference[hh];
+    }
+  }
+  named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
+  const int t = threadIdx.x;
+  if (t < NH) {
+    const int head = t;
+    float sum = 0.f, row_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      sum += ss.head_sum[k / 4][k % 4][head];
+      row_max = max_nan(row_max, ss.head_max[k / 4][k % 4][head]);
+    }
+    const float reference = ss.head_reference[head];
+    float scale = 0.f, lse = INFINITY, mx = -INFINITY;
+    if (reference == -INFINITY && isnan(row_max)) {
+      scale = lse = mx = NAN;
+    } else if (reference != -INFINITY) {
+      lse = (reference + __log2f(sum)) * LN2;
+      mx = row_max * LN2;
+      scale = __fdividef(*params.kv_scale, sum);
+      if (params.attn_sink != nullptr && head < num_heads) scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
+    }
+    ss.out_scale[head] = scale;
+    if (head < num_heads) {
+      params.max_logits[static_cast<int64_t>(q_row) * params.max_logits_stride_s +
+                        static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
+      params.lse[static_cast<int64_t>(q_row) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
+    }
+  }
+  named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
+
+  const int dim0 = 256 * wg + 16 * warp + 2 * g;
+  bf16* const base = params.out + static_cast<int64_t>(q_row) * params.out_stride_s +
+                     static_cast<int64_t>(2 * c) * params.out_stride_h + dim0;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
+                         static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
+#pragma unroll
+  for (int j = 0; j < NH_J; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int head = frag_col(c, j, e);
+      if (head >= num_heads) continue;
+      const float sc = ss.out_scale[head];
+      bf16* const dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(st.o[i][4 * j + e] * sc, st.o[i][4 * j + 2 + e] * sc);
+        if (aligned) {
+          *reinterpret_cast<__nv_bfloat162*>(dst + 64 * i) = v;
+        } else {
+          dst[64 * i] = v.x;
+          dst[64 * i + 1] = v.y;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sparse_mla::sm90::prefill
