@@ -1,7 +1,8 @@
 """A happens-before model of one CTA of the SM90 prefill kernel (include/sparse_mla/sm90/prefill/).
 
 What it models. The events of the producer warpgroup (produce_unit, producer.cuh) and of the two
-consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs), both
+consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs; or,
+with the narrow-head tile, run_narrow_mainloop, softmax_narrow, store_outputs_narrow: narrow.cuh), both
 in kernel.cuh's unit loops, for a sequence of work units on one CTA, each event named after the kernel
 statement it stands for: cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
 cpasync_barrier_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
@@ -23,7 +24,8 @@ the wrong phase, and deadlocks (a cycle, a phase nobody completes, bar.sync coun
 
 A warpgroup is one agent, but its threads are not ordered by program order among themselves: when
 an access reaches elements other threads of the same warpgroup write or read (alpha, the epilogue's
-row statistics and out_scale, split_last, and a wgmma reading the whole P tile), the pair must also
+row statistics and out_scale, split_last, the narrow tile's per-warp head statistics and references,
+and a wgmma reading the whole P tile), the pair must also
 be ordered by a path through a barrier phase or a named barrier instance (every one of them joins all
 threads of the consumers: every consumer thread arrives on kv_empty and q_empty). A wgmma's own reads
 need no such path to the same warpgroup's later stores: every thread's wait_group retires the whole
@@ -31,9 +33,10 @@ wgmma.
 
 The event lists are built by functions that follow the kernel statement by statement (each names the
 kernel function it follows), for a KernelOrder and a sequence of Units; `python
-tests/cpu/pair_loop_model.py` prints those of KERNEL_ORDER. Proxies: cp.async (non-bulk) and st.shared
-write through the generic proxy, wgmma reads its shared operands through the async proxy; a wgmma's
-reads followed by generic writes need no proxy fence (the wait_group that retires it completes them).
+tests/cpu/pair_loop_model.py` prints those of KERNEL_ORDER (`... narrow`: NARROW_ORDER's). Proxies:
+cp.async (non-bulk) and st.shared write through the generic proxy, wgmma reads its shared operands
+through the async proxy; a wgmma's reads followed by generic writes need no proxy fence (the
+wait_group that retires it completes them).
 
 What it does not model: global memory (the split workspace and counters with their __threadfence, the
 outputs, the indices); registers and their wgmma fences (warpgroup_arrive, fence_operands); the
@@ -41,7 +44,8 @@ one-block tile (TOPK <= 64: block 1 neither gathered nor multiplied); what the c
 (plain C++ shared accesses around an asm without a "memory" clobber: mbarrier_arrive has one); data: each
 pair's softmax path is given (Unit.softmax), and an exact pair other than a unit's first rescales O.
 
-The rule: a change to the consumer loop's or the producer's order changes this model in the same commit.
+The rule: a change to the consumer loop's (either tile's) or the producer's order changes this model in
+the same commit.
 """
 
 from __future__ import annotations
@@ -69,10 +73,16 @@ class KernelOrder:
     # block of a unit: a fence after its wait, as in (c)).
     proxy_fence: str
     probs_buffers: int  # P rotates through probs[pair % probs_buffers]
+    # The consumers' tile: "wide" (consumer.cuh, epilogue.cuh, split.cuh: 64 heads) or "narrow"
+    # (narrow.cuh, h_q <= NARROW_HEADS: the same pair loop, but the exact path exchanges per-warp head
+    # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
+    # head_reference; whole items only, no split merge).
+    tile: str = "wide"
 
     def __post_init__(self):
         assert self.proxy_fence in ("none", "producer", "consumer", "softmax"), self.proxy_fence
         assert self.probs_buffers in (2, 3), self.probs_buffers
+        assert self.tile in ("wide", "narrow"), self.tile
 
 
 # The kernel at f7e0947: P.V(p, block 1) retired after the softmax's barrier, the cp.async-tracking
@@ -82,6 +92,9 @@ F7E0947_ORDER = KernelOrder(pv_wait_in_softmax=False, proxy_fence="none", probs_
 # proxy fence, per pair; consumer.cuh and producer.cuh point here. The one definition: change it with
 # the kernel, in the same commit.
 KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", probs_buffers=2)
+# The narrow-head tile (kernel.cuh's NARROW path, narrow.cuh) as it ships: the same producer and the
+# same pair-loop order as KERNEL_ORDER; narrow.cuh points here. Change it with the kernel, in the same commit.
+NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow")
 
 
 @dataclass(frozen=True)
@@ -248,6 +261,11 @@ def consumer_events(order, units, wg):
     for unit_count, unit in enumerate(units):
         _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg)
         pair_base += unit.n_pairs
+        if order.tile == "narrow":  # kernel.cuh's NARROW loop: whole items, then store_outputs_narrow
+            assert unit.split is None, "the narrow tile runs no split call (launch.cuh)"
+            c.at(unit_count, unit.n_pairs, "epilogue")
+            _store_outputs_narrow(c, wg)
+            continue
         if unit.split is not None:
             c.at(unit_count, unit.n_pairs, "split merge")
             _merge_split_parts(c, wg)
@@ -258,8 +276,12 @@ def consumer_events(order, units, wg):
 
 
 def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
-    """run_consumer_mainloop (consumer.cuh)."""
+    """run_consumer_mainloop (consumer.cuh), or run_narrow_mainloop (narrow.cuh), its order step for
+    step: issue_qk_narrow, issue_pv_narrow and softmax_narrow in place of issue_qk, issue_pv and
+    softmax_to_probs, and the rescale reads alpha from registers (NarrowState), not ss.alpha."""
     n_pairs = unit.n_pairs
+    narrow = order.tile == "narrow"
+    softmax = _softmax_narrow if narrow else _softmax_to_probs
     c.at(unit_count, 0)
     c(mbarrier_wait("q_full", unit_count))
     if n_pairs == 0:
@@ -269,9 +291,8 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
     c(mbarrier_wait(f"kv_full[{stage}][{wg}]", pair_base // NUM_STAGES))
     if order.proxy_fence in ("consumer", "softmax"):
         c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-    c(*_issue_qk(stage, wg), warpgroup_wait(0))
-    _softmax_to_probs(c, order, unit.softmax[0] == "E", stage, 0, wg,
-                      _acquire_in_softmax(order, unit, pair_base, 1, wg))
+    c(*_issue_qk(stage, wg, narrow), warpgroup_wait(0))
+    softmax(c, order, unit.softmax[0] == "E", stage, 0, wg, _acquire_in_softmax(order, unit, pair_base, 1, wg))
 
     for pair in range(n_pairs):
         gp = pair_base + pair
@@ -282,7 +303,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
         if not has_next:
             c(arrive("q_empty"))
         # rescale: an exact pair moves a finite reference (a unit's first starts from -inf).
-        if pair > 0 and unit.softmax[pair] == "E":
+        if pair > 0 and unit.softmax[pair] == "E" and not narrow:
             c(ld_shared(f"alpha[{wg}]", "rescale O by alpha", cross_thread=True))
         if has_next:
             c.at(unit_count, pair + 1)
@@ -290,16 +311,17 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
                 c(mbarrier_wait(f"kv_full[{next_stage}][{wg}]", (gp + 1) // NUM_STAGES))
             if order.proxy_fence == "consumer":
                 c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-            c(*_issue_qk(next_stage, wg))
+            c(*_issue_qk(next_stage, wg, narrow))
             c.at(unit_count, pair)
         c(mbarrier_wait(f"kv_full[{stage}][{1 - wg}]", phase, "mbarrier_wait (the other block)"),
-          ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"), *_issue_pv(buf, 0), warpgroup_wait(0),
-          ldmatrix_x4_trans(f"kv[{stage}][1]"), arrive(f"kv_empty[{stage}][1]"), *_issue_pv(buf, 1))
+          ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"), *_issue_pv(buf, 0, narrow),
+          warpgroup_wait(0),
+          ldmatrix_x4_trans(f"kv[{stage}][1]"), arrive(f"kv_empty[{stage}][1]"), *_issue_pv(buf, 1, narrow))
         if has_next:
             c.at(unit_count, pair + 1)
             next_buf = (pair + 1) % order.probs_buffers
-            _softmax_to_probs(c, order, unit.softmax[pair + 1] == "E", next_stage, next_buf, wg,
-                              _acquire_in_softmax(order, unit, pair_base, pair + 2, wg))
+            softmax(c, order, unit.softmax[pair + 1] == "E", next_stage, next_buf, wg,
+                    _acquire_in_softmax(order, unit, pair_base, pair + 2, wg))
             c.at(unit_count, pair)
         c(warpgroup_wait(0))
 
@@ -312,12 +334,14 @@ def _acquire_in_softmax(order, unit, pair_base, pair, wg):
     return [mbarrier_wait(f"kv_full[{gp % NUM_STAGES}][{wg}]", gp // NUM_STAGES, "mbarrier_wait (next_kv_full)")]
 
 
-def _issue_qk(stage, wg):
-    return [wgmma("issue_qk", "q"), wgmma("issue_qk", f"kv[{stage}][{wg}]"), warpgroup_commit_batch()]
+def _issue_qk(stage, wg, narrow=False):
+    """issue_qk, or issue_qk_narrow (S^T = K . Q^T: the same two operands, swapped)."""
+    name = "issue_qk_narrow" if narrow else "issue_qk"
+    return [wgmma(name, "q"), wgmma(name, f"kv[{stage}][{wg}]"), warpgroup_commit_batch()]
 
 
-def _issue_pv(buf, block):
-    return [wgmma("issue_pv", f"probs[{buf}][{block}]"), warpgroup_commit_batch()]
+def _issue_pv(buf, block, narrow=False):
+    return [wgmma("issue_pv_narrow" if narrow else "issue_pv", f"probs[{buf}][{block}]"), warpgroup_commit_batch()]
 
 
 def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
@@ -340,6 +364,27 @@ def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
           bar_sync("kProbsReady", "named_barrier_sync_or<kProbsReady>(rescale)"))
 
 
+def _softmax_narrow(c, order, exact, stage, buf, wg, acquire_next):
+    """softmax_narrow (narrow.cuh). The exact path: lanes g == 0 of each warp store the column maxima
+    of its heads into head_max[wg][warp]; after kRowMaxReady every thread reads all 8 warps' (both
+    consumers', its own consumer's other warps' too). alpha stays in registers: no shared store."""
+    probs = f"probs[{buf}][{wg}]"
+    c(ld_shared(f"valid[{stage}][{wg}]", "ss.valid (softmax_narrow's argument)"),
+      st_shared(probs, "write_probs_narrow"),
+      *acquire_next,
+      fence_proxy_async("fence_view_async_shared (P)"))
+    if order.pv_wait_in_softmax:
+        c(warpgroup_wait(0, "warpgroup_wait<0> (the previous pair's P.V of block 1)"))
+    c(bar_sync("kProbsReady", "named_barrier_sync_or<kProbsReady>(moved)"))
+    if exact:
+        c(st_shared(f"head_max[{wg}]", "the pair's head maxima per warp (g == 0)"),
+          bar_sync("kRowMaxReady", "named_barrier_sync<kRowMaxReady>"),
+          *(ld_shared(f"head_max[{w}]", "every warp's head maxima", cross_thread=True) for w in (0, 1)),
+          st_shared(probs, "write_probs_narrow (new references)"),
+          fence_proxy_async("fence_view_async_shared (P, new references)"),
+          bar_sync("kProbsReady", "named_barrier_sync_or<kProbsReady>(rescale)"))
+
+
 def _merge_split_parts(c, wg):
     """merge_split_parts (split.cuh): its global stores and loads are out of scope."""
     c(bar_sync("kSplitMerge", "named_barrier_sync<kSplitMerge> (part published)"))
@@ -357,6 +402,25 @@ def _store_outputs(c, wg):
         c(*(ld_shared(f"{stat}[{w}]", "statistics of the row", cross_thread=True)
             for stat in ("row_sum", "row_max") for w in (0, 1)),
           st_shared("out_scale", "out_scale (c == 0)"))
+    c(bar_sync("kRowSumReady", "named_barrier_sync<kRowSumReady> (output scales)"),
+      ld_shared("out_scale", "store: the output scales", cross_thread=True))
+
+
+def _store_outputs_narrow(c, wg):
+    """store_outputs_narrow (narrow.cuh): lanes g == 0 of each warp store its heads' column sums and
+    maxima into head_sum[wg][warp] and head_max[wg][warp], those of consumer 0's warp 0 also the
+    references; threads t < NH (consumer 0's warp 0, one head each) reduce the 8 warps' and write
+    out_scale, which every thread reads for its heads."""
+    c(st_shared(f"head_sum[{wg}]", "head sums per warp (g == 0)"),
+      st_shared(f"head_max[{wg}]", "head maxima per warp (g == 0)"))
+    if wg == 0:
+        c(st_shared("head_reference", "head references (warp 0, g == 0)"))
+    c(bar_sync("kRowSumReady", "named_barrier_sync<kRowSumReady> (head sums)"))
+    if wg == 0:
+        c(*(ld_shared(f"{stat}[{w}]", "statistics of the head (t < NH)", cross_thread=True)
+            for w in (0, 1) for stat in ("head_sum", "head_max")),
+          ld_shared("head_reference", "the head's reference (t < NH)", cross_thread=True),
+          st_shared("out_scale", "out_scale (t < NH)"))
     c(bar_sync("kRowSumReady", "named_barrier_sync<kRowSumReady> (output scales)"),
       ld_shared("out_scale", "store: the output scales", cross_thread=True))
 
@@ -645,7 +709,10 @@ def check(roles: dict[str, list[Event]]) -> list[Finding]:
     return Graph(roles).findings()
 
 
-if __name__ == "__main__":  # the kernel order's event lists, to read next to the kernel source
-    for role, events in kernel_roles(KERNEL_ORDER, (Unit("EFF"), Unit("EF"))).items():
+if __name__ == "__main__":  # the kernel order's event lists (`narrow`: the narrow tile's), to read by the source
+    import sys
+
+    shown = NARROW_ORDER if sys.argv[1:] == ["narrow"] else KERNEL_ORDER
+    for role, events in kernel_roles(shown, (Unit("EFF"), Unit("EF"))).items():
         print(f"{role}:")
         print("\n".join(f"    {e.op:<22} {e}" for e in events))

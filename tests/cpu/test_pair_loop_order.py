@@ -1,6 +1,7 @@
 """The happens-before model of the kernel's pair loop (pair_loop_model.py): the
-kernel's order has no unordered shared-memory access, f7e0947's has exactly the two known hazards, and
-each mutation of the kernel's order that breaks one ordering is found. No GPU, no compiler, no torch."""
+kernel's order, of both tiles (wide and narrow-head), has no unordered shared-memory access, f7e0947's
+has exactly the two known hazards, and each mutation of the kernel's order that breaks one ordering is
+found. No GPU, no compiler, no torch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pair_loop_model import (
     CONSUMERS,
     F7E0947_ORDER,
     KERNEL_ORDER,
+    NARROW_ORDER,
     NUM_STAGES,
     Unit,
     check,
@@ -32,6 +34,11 @@ FOUR_PAIRS = (Unit("EFEF"), Unit("EF"))  # three P buffers are reused within a u
 SPLIT_AND_EMPTY = (Unit("EFF", split="publishes"), Unit(""), Unit("E"), Unit("EF", split="merges"))
 SCENARIOS = {"first pair exact": FIRST_EXACT, "all exact": ALL_EXACT, "four pairs": FOUR_PAIRS,
              "split parts, an empty unit, one pair": SPLIT_AND_EMPTY}
+
+# The narrow tile runs whole items only: no split units.
+WITH_AN_EMPTY_UNIT = (Unit("EFF"), Unit(""), Unit("E"), Unit("EF"))
+NARROW_SCENARIOS = {"first pair exact": FIRST_EXACT, "all exact": ALL_EXACT, "four pairs": FOUR_PAIRS,
+                    "an empty unit, one pair": WITH_AN_EMPTY_UNIT}
 
 PASSING_ORDERS = {
     "kernel order": KERNEL_ORDER,
@@ -52,6 +59,21 @@ def report(findings):
 def test_the_kernel_order_has_no_unordered_access(order, units):
     findings = check(kernel_roles(order, units))
     assert not findings, report(findings)
+
+
+@pytest.mark.parametrize("units", NARROW_SCENARIOS.values(), ids=NARROW_SCENARIOS.keys())
+def test_the_narrow_order_has_no_unordered_access(units):
+    findings = check(kernel_roles(NARROW_ORDER, units))
+    assert not findings, report(findings)
+
+
+def test_the_narrow_tile_keeps_alpha_in_registers():
+    """narrow.cuh's rescale factors and references live in NarrowState: no alpha, no row statistics in
+    shared memory; the exact path and the epilogue use head_max, head_sum and head_reference instead."""
+    roles = kernel_roles(NARROW_ORDER, ALL_EXACT)
+    targets = {e.target.split("[")[0] for events in roles.values() for e in events
+               if e.op in ("st.shared", "ld.shared")}
+    assert targets == {"valid", "probs", "head_max", "head_sum", "head_reference", "out_scale"}
 
 
 def p_buffer_of_block_1(units):
@@ -125,6 +147,18 @@ def sink_past(roles, agent, match, until):
 
 def is_wait(target):
     return lambda e: e.op == "mbarrier.wait" and e.target.startswith(target)
+
+
+def is_second_row_sum_barrier(e):
+    return e.name == "named_barrier_sync<kRowSumReady> (output scales)" and e.label == "unit 0 epilogue"
+
+
+def is_next_units_first_probs_barrier(e):
+    return e.name == "named_barrier_sync_or<kProbsReady>(moved)" and e.label == "unit 1 pair 0"
+
+
+def drops_both_barriers_after_the_epilogue(e):
+    return is_second_row_sum_barrier(e) or is_next_units_first_probs_barrier(e)
 
 
 CONSUMER_FENCE = replace(KERNEL_ORDER, proxy_fence="consumer")
@@ -244,6 +278,63 @@ MUTATIONS = [
           "consumer 0 issue_qk reads kv[0][0] (unit 0 pair 2)")],
         id="softmax's fence before the next block's acquire"),
     pytest.param(
+        NARROW_ORDER, ALL_EXACT, lambda r: mutate(r, CONSUMERS, lambda e: e.target == "kRowMaxReady"),
+        [("read-after-write", "head_max[0]",
+          "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 0 pair 0)",
+          "consumer 1 every warp's head maxima reads head_max[0] (unit 0 pair 0)"),
+         ("read-after-write", "head_max[1]",  # its own consumer's other warps' maxima
+          "consumer 1 the pair's head maxima per warp (g == 0) writes head_max[1] (unit 0 pair 0)",
+          "consumer 1 every warp's head maxima reads head_max[1] (unit 0 pair 0)")],
+        id="narrow: no kRowMaxReady"),
+    pytest.param(
+        NARROW_ORDER, FIRST_EXACT,
+        lambda r: swap_with_next(r, "consumer 0", lambda e: e.name == "the pair's head maxima per warp (g == 0)"),
+        [("read-after-write", "head_max[0]",
+          "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 0 pair 0)",
+          "consumer 1 every warp's head maxima reads head_max[0] (unit 0 pair 0)"),
+         ("read-after-write", "head_max[0]",
+          "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 1 pair 0)",
+          "consumer 0 every warp's head maxima reads head_max[0] (unit 1 pair 0)")],
+        id="narrow: head maxima stored after kRowMaxReady"),
+    pytest.param(
+        NARROW_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "named_barrier_sync<kRowSumReady> (head sums)"),
+        [("read-after-write", "head_sum[1]",
+          "consumer 1 head sums per warp (g == 0) writes head_sum[1] (unit 0 epilogue)",
+          "consumer 0 statistics of the head (t < NH) reads head_sum[1] (unit 0 epilogue)"),
+         ("read-after-write", "head_max[1]",
+          "consumer 1 head maxima per warp (g == 0) writes head_max[1] (unit 0 epilogue)",
+          "consumer 0 statistics of the head (t < NH) reads head_max[1] (unit 0 epilogue)"),
+         ("read-after-write", "head_reference",  # lanes g == 0 of warp 0 write, its 32 lanes read
+          "consumer 0 head references (warp 0, g == 0) writes head_reference (unit 0 epilogue)",
+          "consumer 0 the head's reference (t < NH) reads head_reference (unit 0 epilogue)")],
+        id="narrow: no kRowSumReady before the head statistics are read"),
+    pytest.param(
+        # After an empty unit, the next epilogue's stores follow no other barrier.
+        NARROW_ORDER, WITH_AN_EMPTY_UNIT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.name == "named_barrier_sync<kRowSumReady> (output scales)"),
+        [("read-after-write", "out_scale",
+          "consumer 0 out_scale (t < NH) writes out_scale (unit 0 epilogue)",
+          "consumer 1 store: the output scales reads out_scale (unit 0 epilogue)"),
+         ("write-after-read", "head_max[1]",
+          "consumer 0 statistics of the head (t < NH) reads head_max[1] (unit 0 epilogue)",
+          "consumer 1 head maxima per warp (g == 0) writes head_max[1] (unit 1 epilogue)"),
+         ("write-after-read", "head_reference",
+          "consumer 0 the head's reference (t < NH) reads head_reference (unit 0 epilogue)",
+          "consumer 0 head references (warp 0, g == 0) writes head_reference (unit 1 epilogue)")],
+        id="narrow: no kRowSumReady after the epilogue's reads"),
+    pytest.param(
+        # Both barriers between the epilogue's head_max reads and the next unit's exact-path stores:
+        # either alone orders them (test_the_narrow_epilogue_reads_are_ordered_twice).
+        NARROW_ORDER, FIRST_EXACT, lambda r: mutate(r, CONSUMERS, drops_both_barriers_after_the_epilogue),
+        [("write-after-read", "head_max[1]",
+          "consumer 0 statistics of the head (t < NH) reads head_max[1] (unit 0 epilogue)",
+          "consumer 1 the pair's head maxima per warp (g == 0) writes head_max[1] (unit 1 pair 0)"),
+         ("write-after-read", "head_max[0]",
+          "consumer 0 statistics of the head (t < NH) reads head_max[0] (unit 0 epilogue)",
+          "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 1 pair 0)")],
+        id="narrow: no barrier between the epilogue's head maxima and the next unit's"),
+    pytest.param(
         KERNEL_ORDER, FIRST_EXACT, lambda r: mutate(r, ["consumer 1"], lambda e: e.target == "kv_empty[0][0]"),
         [("deadlock", "kv_empty[0][0]", "producer mbarrier_wait kv_empty[0][0] (unit 0 pair 2)", "phase 0")],
         id="a consumer never releases a block"),
@@ -275,13 +366,24 @@ def test_each_broken_ordering_is_found(order, units, mutation, expected):
     assert not missing, f"not found: {missing}\nfound:\n{report(findings)}"
 
 
+@pytest.mark.parametrize("dropped", [is_second_row_sum_barrier, is_next_units_first_probs_barrier],
+                         ids=["kRowSumReady (output scales)", "the next unit's first kProbsReady"])
+def test_the_narrow_epilogue_reads_are_ordered_twice(dropped):
+    """The epilogue's head_max reads (consumer 0's warp 0) come before the next unit's exact-path
+    stores through the epilogue's second kRowSumReady and through the next unit's first kProbsReady:
+    without either one alone, head_max stays ordered (the mutation without both is found above)."""
+    findings = check(mutate(kernel_roles(NARROW_ORDER, FIRST_EXACT), CONSUMERS, dropped))
+    assert not [f for f in findings if f.buffer.startswith("head_")], report(findings)
+
+
 def test_the_model_names_every_member_of_shared_storage():
-    """A buffer or barrier added to the kernel's shared memory must be added to the model too."""
+    """A buffer or barrier added to the kernel's shared memory must be added to the model too: the
+    wide tile's order (with the split merge) and the narrow tile's name them all between them."""
     traits = TRAITS.read_text()
     storage = re.search(r"struct SharedStorage \{(.*?)\n\};", traits, re.S).group(1)
     members = set(re.findall(r"^\s*(?:alignas\(\d+\)\s+)?\w+\s+(\w+)\s*[\[;]", storage, re.M))
     named_barriers = set(re.findall(r"^\s*(k\w+) = \d+,", traits, re.M))
-    roles = kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY)
-    targets = {e.target.split("[")[0] for events in roles.values() for e in events if e.target}
+    roles = [kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY), kernel_roles(NARROW_ORDER, WITH_AN_EMPTY_UNIT)]
+    targets = {e.target.split("[")[0] for r in roles for events in r.values() for e in events if e.target}
     assert members and named_barriers, "traits.cuh's layout changed: update the patterns above"
     assert targets == members | named_barriers

@@ -206,6 +206,7 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
 }
 
 // One work unit's pairs with the narrow tile: the wide tile's pair loop (consumer.cuh), step for step.
+// A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit.
 template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                     int pair_base, int unit_count, NarrowState& st) {
