@@ -20,6 +20,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/launch.cuh>
+#include <sparse_mla/sm90/prefill/token_groups.cuh>
 
 namespace sparse_mla {
 
@@ -110,6 +111,35 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
   }
 }
 
+// The token groups' lists (sm90/prefill/token_groups.cuh): group_size 1 and no tensors, or
+// 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
+// group_indices int32 and group_owners uint8 [ceil(s_q / G), G * TOPK], group_length int32 [ceil(s_q / G)].
+template <int TOPK>
+int64_t check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
+                           const ffi::Optional<ffi::TensorView>& group_indices,
+                           const ffi::Optional<ffi::TensorView>& group_owners,
+                           const ffi::Optional<ffi::TensorView>& group_length) {
+  using sm90::prefill::B_H;
+  using sm90::prefill::MAX_GROUP;
+  using sm90::prefill::MAX_GROUP_SLOTS;
+  const bool groups = group_size > 1;
+  if (group_indices.has_value() != groups || group_owners.has_value() != groups || group_length.has_value() != groups ||
+      group_size < 1 || group_size > MAX_GROUP || (groups && (group_size * h_q > B_H || group_size * TOPK > MAX_GROUP_SLOTS))) {
+    TVM_FFI_THROW(ValueError) << "inconsistent token groups: group_size " << group_size << " with h_q " << h_q
+                              << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
+                              << " rows and " << MAX_GROUP_SLOTS << " slots, each list given, or 1 and none)";
+  }
+  if (!groups) return 0;
+  const int64_t n_groups = (s_q + group_size - 1) / group_size;
+  check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
+  check_contiguous(*group_indices, "group_indices");
+  check_tensor(*group_owners, "group_owners", device, kDLUInt, 8, {n_groups, group_size * TOPK});
+  check_contiguous(*group_owners, "group_owners");
+  check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
+  check_contiguous(*group_length, "group_length");
+  return n_groups;
+}
+
 }  // namespace detail
 
 // q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
@@ -118,14 +148,18 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 // items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
 // [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
 // of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
-// None. Launches on the stream tvm-ffi took from torch (the caller's current stream).
+// None. Token groups (detail::check_token_groups): with group_size > 1 (no tail split), `grouped`
+// launches the groups whose lists token_groups_fwd built (group_length >= 0), otherwise the tokens of
+// the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
 template <int D_QK, int TOPK>
 void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  ffi::TensorView q_scale, ffi::TensorView kv_scale,
                  ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
                  ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
                  double sm_scale, int64_t split_begin, int64_t split_parts,
-                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters) {
+                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
+                 int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
+                 ffi::Optional<ffi::TensorView> group_owners, ffi::Optional<ffi::TensorView> group_length, bool grouped) {
   using detail::check_tensor;
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
@@ -180,6 +214,10 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
     detail::check_contiguous(*split_counters, "split_counters");
   }
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_owners, group_length);
+  if ((group_size > 1 && split) || (grouped && group_size == 1)) {
+    TVM_FFI_THROW(ValueError) << "token groups run without a tail split, and a grouped launch needs groups";
+  }
   detail::check_aligned_rows(q, "q");
   detail::check_aligned_rows(kv, "kv");
   if (s_q == 0) return;
@@ -213,14 +251,60 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.split_parts = static_cast<int>(split_parts);
   params.split_workspace = split ? detail::data_of<float>(*split_workspace) : nullptr;
   params.split_counters = split ? detail::data_of<int32_t>(*split_counters) : nullptr;
+  params.group_size = static_cast<int>(group_size);
+  params.group_indices = group_size > 1 ? detail::data_of<const int32_t>(*group_indices) : nullptr;
+  params.group_owners = group_size > 1 ? detail::data_of<const uint8_t>(*group_owners) : nullptr;
+  params.group_length = group_size > 1 ? detail::data_of<const int32_t>(*group_length) : nullptr;
 
   ffi::CUDADeviceGuard device_guard(device.device_id);
   auto stream =
       static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
-  cudaError_t status = sm90::launch_prefill<D_QK, TOPK>(params, stream);
+  cudaError_t status = sm90::launch_prefill<D_QK, TOPK>(params, grouped, stream);
   if (status != cudaSuccess) {
     TVM_FFI_THROW(RuntimeError) << "sparse_mla prefill kernel launch failed: "
                                 << cudaGetErrorString(status);
+  }
+}
+
+// The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
+// int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
+// describes. A group whose list holds more than max_union_ratio entries per valid slot gets
+// group_length -1. Launches on the caller's current stream.
+template <int TOPK>
+void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
+                      int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
+                      ffi::TensorView group_owners, ffi::TensorView group_length) {
+  using detail::check_tensor;
+  const DLDevice device = indices.device();
+  if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
+  check_tensor(indices, "indices", device, kDLInt, 32, {-1, 1, TOPK});
+  detail::check_contiguous(indices, "indices");
+  const int64_t s_q = indices.size(0);
+  if (topk_length.has_value()) {
+    check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
+    detail::check_contiguous(*topk_length, "topk_length");
+  }
+  if (group_size < 2 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || !(max_union_ratio >= 0)) {
+    TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
+                              << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
+  }
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_owners, group_length);
+  if (s_q == 0) return;
+  TokenGroupParams params{};
+  params.s_q = static_cast<int>(s_q);
+  params.s_kv = static_cast<int>(s_kv);
+  params.group_size = static_cast<int>(group_size);
+  params.indices = detail::data_of<const int32_t>(indices);
+  params.topk_length = topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
+  params.max_union_ratio = static_cast<float>(max_union_ratio);
+  params.group_indices = detail::data_of<int32_t>(group_indices);
+  params.group_owners = detail::data_of<uint8_t>(group_owners);
+  params.group_length = detail::data_of<int32_t>(group_length);
+  ffi::CUDADeviceGuard device_guard(device.device_id);
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+  cudaError_t status = sm90::prefill::launch_token_groups<TOPK>(params, stream);
+  if (status != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << "sparse_mla token-group kernel launch failed: " << cudaGetErrorString(status);
   }
 }
 

@@ -55,6 +55,30 @@ struct PrefillParams {
   int split_parts;             // parts per split item, 1 .. 4
   float* split_workspace;      // [items - split_begin, split_parts, PART_FLOATS] fp32 partial states
   int32_t* split_counters;     // [items - split_begin], zero at launch: parts of each item finished
+
+  // Token groups (sm90/prefill/token_groups.cuh), for h_q <= 32: query tokens G * k .. G * k + G - 1
+  // (G = group_size) form group k, whose union of valid slots prefill_kernel_token_groups lists once. A group
+  // whose list has group_length[k] >= 0 entries runs in the grouped launch, one 64-row tile for all
+  // its tokens; a group with group_length[k] < 0 (the union would not pay) runs its tokens one by one
+  // in the other launch, which skips the rows of the first kind. group_length == nullptr: no groups.
+  int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
+  const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, in order of first occurrence
+  const uint8_t* group_owners;    // [ceil(s_q / G), G * TOPK]: bit t: the entry is a slot of token G * k + t
+  const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1
+};
+
+// The arguments of the pre-pass that builds the token groups' lists (token_groups.cuh).
+struct TokenGroupParams {
+  int s_q, s_kv;
+  int group_size;                 // G, 2 .. MAX_GROUP
+  const int32_t* indices;         // as PrefillParams::indices
+  const int32_t* topk_length;     // as PrefillParams::topk_length
+  // A group runs grouped only if its list has at most this many entries per valid slot of its rows
+  // (the narrow tile's cost per slot relative to the grouped tile's); above, group_length is -1.
+  float max_union_ratio;
+  int32_t* group_indices;
+  uint8_t* group_owners;
+  int32_t* group_length;
 };
 
 }  // namespace sparse_mla

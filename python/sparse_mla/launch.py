@@ -1,8 +1,16 @@
 """The launch plan of one prefill call, as ``include/sparse_mla/sm90/prefill/launch.cuh`` sees it.
 
-Hopper check -> kernel key -> module (compiled on first use) -> tail split plan over the SMs ->
-scratch workspace -> launch on the caller's current CUDA stream. The arguments were validated by
+Hopper check -> kernel key -> module (compiled on first use) -> token groups or tail split plan ->
+scratch workspace -> launch(es) on the caller's current CUDA stream. The arguments were validated by
 :mod:`sparse_mla.validate`; nothing here synchronizes the device.
+
+Token groups (``include/sparse_mla/sm90/prefill/token_groups.cuh``): with at most 32 heads, a 64-row
+tile of one token is mostly empty, and adjacent tokens of a real indexer select mostly the same kv rows.
+So G adjacent tokens (``group_size``) share one tile over the union of their selections, each row masked
+to its own token's slots: a pre-pass lists each group's union, then the grouped launch runs the groups
+whose union pays, and a second launch runs the other groups' tokens one by one with the narrow tile.
+Which groups pay is decided on the device, per group, from the union's size: no host sync. Not in the
+batch-invariant mode (a row's group depends on its position in the call).
 """
 
 from __future__ import annotations
@@ -13,10 +21,11 @@ from typing import Any, Optional
 import torch
 
 from sparse_mla.errors import UnsupportedGPUError
-from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, get_module
+from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "launch", "split_plan"]
+__all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan"]
 
 # Compute capability per device index, read once: torch caches device properties, this saves the call.
 _CAPABILITY: dict[int, tuple[int, int]] = {}
@@ -66,6 +75,25 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
     return items - tail, parts
 
 
+# Token groups (traits.cuh and token_groups.cuh): heads up to which the narrow tile and groups apply,
+# tokens per group at most (one owner bit each), slots per group at most (the pre-pass's hash table in
+# shared memory), and how many union entries per valid slot of its tokens a group may have and still
+# run grouped: a grouped entry costs a 64-row tile's slot, a token's slot in the narrow tile about 0.88
+# of that (measured), so above this the group's tokens run faster one by one.
+NARROW_HEADS = 32
+_MAX_GROUP = 8
+_MAX_GROUP_SLOTS = 16384
+MAX_UNION_RATIO = 0.85
+
+
+def group_size(h_q: int, topk: int) -> int:
+    """Tokens per group: as many as fill the 64-row tile, within the limits above; 1 means no groups."""
+    if h_q > NARROW_HEADS:
+        return 1
+    size = min(_MAX_GROUP, HEAD_BLOCK // h_q, _MAX_GROUP_SLOTS // topk)
+    return size if size >= 2 else 1
+
+
 # SM count per device index, read once (the split plan needs it on every call).
 _NUM_SMS: dict[int, int] = {}
 
@@ -96,18 +124,28 @@ def launch(
     sm_scale: float,
     batch_invariant: bool,
     module: Any = None,
+    token_groups: Optional[str] = None,
 ) -> None:
     """Launches the kernel on validated arguments, writing ``out``, ``max_logits`` and ``lse``.
 
     ``module`` is the kernel module to launch, by default the one of the call's (d_qk, topk) key;
     ``benchmarks/experiments`` passes modules built from other sources, to time them side by side.
+    ``token_groups``: ``auto``, ``always`` (every group grouped) or ``never``; by default
+    ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
     """
     if q.shape[0] == 0:
         return  # s_q = 0: empty outputs, nothing to launch
     device_index = check_hopper(q.device)
+    topk = indices.shape[2]
     if module is None:
-        module = get_module(_kernel_key(q.shape[2], indices.shape[2]))
+        module = get_module(_kernel_key(q.shape[2], topk))
     s_q, h_q, _ = q.shape
+    mode = env.token_groups() if token_groups is None else token_groups
+    group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
+    if group > 1:
+        _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
+                             sm_scale, group, float("inf") if mode == "always" else MAX_UNION_RATIO)
+        return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
     split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)
     workspace = counters = None
@@ -121,8 +159,8 @@ def launch(
         q,
         kv,
         indices,
-        q_scale if q_scale.dim() == 1 else q_scale.reshape(1),  # the entry takes shape [1]
-        kv_scale if kv_scale.dim() == 1 else kv_scale.reshape(1),
+        _scalar(q_scale),
+        _scalar(kv_scale),
         attn_sink,
         topk_length,
         out,
@@ -133,4 +171,33 @@ def launch(
         split_parts,
         workspace,
         counters,
+        1,
+        None,
+        None,
+        None,
+        False,
     )
+
+
+def _scalar(scale: torch.Tensor) -> torch.Tensor:
+    return scale if scale.dim() == 1 else scale.reshape(1)  # the entry takes shape [1]
+
+
+def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
+                         sm_scale: float, group: int, max_union_ratio: float) -> None:
+    """The pre-pass, then the grouped launch and the launch of the other groups' tokens (no tail split).
+    The lists are per call, from torch's caching allocator on the current stream (CUDA-graph safe)."""
+    s_q, h_q, _ = q.shape
+    topk = indices.shape[2]
+    groups = (s_q + group - 1) // group
+    group_indices = q.new_empty((groups, group * topk), dtype=torch.int32)
+    group_owners = q.new_empty((groups, group * topk), dtype=torch.uint8)
+    group_length = q.new_empty((groups,), dtype=torch.int32)
+    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, max_union_ratio,
+                                           group_indices, group_owners, group_length)
+    launches = (True,) if max_union_ratio == float("inf") else (True, False)
+    for grouped in launches:
+        getattr(module, ENTRY_FUNCTION)(
+            q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length, out, max_logits, lse,
+            sm_scale, s_q, 1, None, None, group, group_indices, group_owners, group_length, grouped,
+        )

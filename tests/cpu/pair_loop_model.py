@@ -76,13 +76,16 @@ class KernelOrder:
     # The consumers' tile: "wide" (consumer.cuh, epilogue.cuh, split.cuh: 64 heads) or "narrow"
     # (narrow.cuh, h_q <= NARROW_HEADS: the same pair loop, but the exact path exchanges per-warp head
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
-    # head_reference; whole items only, no split merge).
+    # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
+    # order over a token group, the producer writing each token's valid bits into group_valid and the
+    # softmax reading its rows' tokens from row_token, which the setup writes before the kernel's
+    # __syncthreads; no split merge).
     tile: str = "wide"
 
     def __post_init__(self):
         assert self.proxy_fence in ("none", "producer", "consumer", "softmax"), self.proxy_fence
         assert self.probs_buffers in (2, 3), self.probs_buffers
-        assert self.tile in ("wide", "narrow"), self.tile
+        assert self.tile in ("wide", "narrow", "grouped"), self.tile
 
 
 # The kernel at f7e0947: P.V(p, block 1) retired after the softmax's barrier, the cp.async-tracking
@@ -95,6 +98,8 @@ KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", prob
 # The narrow-head tile (kernel.cuh's NARROW path, narrow.cuh) as it ships: the same producer and the
 # same pair-loop order as KERNEL_ORDER; narrow.cuh points here. Change it with the kernel, in the same commit.
 NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow")
+# The grouped tile (token_groups.cuh) as it ships: KERNEL_ORDER with per-token valid bits.
+GROUPED_ORDER = replace(KERNEL_ORDER, tile="grouped")
 
 
 @dataclass(frozen=True)
@@ -230,7 +235,8 @@ def producer_events(order, units):
             for b in (0, 1):
                 if gp >= NUM_STAGES:
                     p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
-                valid = st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)")
+                valid_bits = "group_valid" if order.tile == "grouped" else "valid"
+                valid = st_shared(f"{valid_bits}[{stage}][{b}]", "valid bits (lane 0 of each warp)")
                 if order.proxy_fence == "producer":
                     p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_commit_group(), valid)
                 else:
@@ -267,6 +273,7 @@ def consumer_events(order, units, wg):
             _store_outputs_narrow(c, wg)
             continue
         if unit.split is not None:
+            assert order.tile == "wide", "only the wide tile runs split calls (launch.cuh)"
             c.at(unit_count, unit.n_pairs, "split merge")
             _merge_split_parts(c, wg)
         if unit.split != "publishes":
@@ -347,8 +354,12 @@ def _issue_pv(buf, block, narrow=False):
 def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
     """softmax_to_probs (consumer.cuh)."""
     probs = f"probs[{buf}][{wg}]"
-    c(ld_shared(f"valid[{stage}][{wg}]", "ss.valid (softmax_to_probs' argument)"),
-      st_shared(probs, "write_probs"),
+    if order.tile == "grouped":
+        c(ld_shared("row_token", "the rows' tokens (written before __syncthreads, read-only after)"),
+          ld_shared(f"group_valid[{stage}][{wg}]", "the rows' tokens' valid bits (RowMask::of_rows)"))
+    else:
+        c(ld_shared(f"valid[{stage}][{wg}]", "ss.valid (softmax_to_probs' argument)"))
+    c(st_shared(probs, "write_probs"),
       *acquire_next,
       fence_proxy_async("fence_view_async_shared (P)"))
     if order.pv_wait_in_softmax:

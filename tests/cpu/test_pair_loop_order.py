@@ -15,6 +15,7 @@ from pair_loop_model import (
     CONSUMERS,
     F7E0947_ORDER,
     KERNEL_ORDER,
+    GROUPED_ORDER,
     NARROW_ORDER,
     NUM_STAGES,
     Unit,
@@ -65,6 +66,24 @@ def test_the_kernel_order_has_no_unordered_access(order, units):
 def test_the_narrow_order_has_no_unordered_access(units):
     findings = check(kernel_roles(NARROW_ORDER, units))
     assert not findings, report(findings)
+
+
+@pytest.mark.parametrize("units", NARROW_SCENARIOS.values(), ids=NARROW_SCENARIOS.keys())
+def test_the_grouped_order_has_no_unordered_access(units):
+    findings = check(kernel_roles(GROUPED_ORDER, units))
+    assert not findings, report(findings)
+
+
+def test_the_grouped_valid_bits_are_ordered_like_the_wide_ones():
+    """Per-token valid bits stored after the block's kv_full arrival would race with the softmax."""
+    roles = kernel_roles(GROUPED_ORDER, FIRST_EXACT)
+    events = list(roles["producer"])
+    store = next(i for i, e in enumerate(events) if e.op == "st.shared" and e.target == "group_valid[0][1]")
+    moved = events.pop(store)
+    arrival = next(i for i, e in enumerate(events) if e.op == "mbarrier.arrive" and e.target == "kv_full[0][1]")
+    events.insert(arrival + 1, moved)
+    findings = check({**roles, "producer": events})
+    assert any("group_valid[0][1]: read-after-write" in str(f) for f in findings), report(findings)
 
 
 def test_the_narrow_tile_keeps_alpha_in_registers():
@@ -378,12 +397,13 @@ def test_the_narrow_epilogue_reads_are_ordered_twice(dropped):
 
 def test_the_model_names_every_member_of_shared_storage():
     """A buffer or barrier added to the kernel's shared memory must be added to the model too: the
-    wide tile's order (with the split merge) and the narrow tile's name them all between them."""
+    wide tile's order (with the split merge), the narrow tile's and the grouped one's name them all between them."""
     traits = TRAITS.read_text()
     storage = re.search(r"struct SharedStorage \{(.*?)\n\};", traits, re.S).group(1)
     members = set(re.findall(r"^\s*(?:alignas\(\d+\)\s+)?\w+\s+(\w+)\s*[\[;]", storage, re.M))
     named_barriers = set(re.findall(r"^\s*(k\w+) = \d+,", traits, re.M))
-    roles = [kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY), kernel_roles(NARROW_ORDER, WITH_AN_EMPTY_UNIT)]
+    roles = [kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY), kernel_roles(NARROW_ORDER, WITH_AN_EMPTY_UNIT),
+             kernel_roles(GROUPED_ORDER, WITH_AN_EMPTY_UNIT)]
     targets = {e.target.split("[")[0] for r in roles for events in r.values() for e in events if e.target}
     assert members and named_barriers, "traits.cuh's layout changed: update the patterns above"
     assert targets == members | named_barriers

@@ -13,11 +13,16 @@
   topk_length cycling through 0, 100 and 512 (units of 0, 1 and 4 pairs follow each other on one CTA:
   the q_empty wait, stage and P-buffer reuse across units, an item followed by a split part), hostile
   indices and sinks.
+- ``groups``: token groups (h_q 16, 4 tokens per group) with more groups than CTAs: half the groups
+  share most of their slots, half do not, so in the automatic mode grouped and narrow units (each
+  launch skipping the other's) follow each other on every CTA; then every group grouped. topk 512,
+  topk_length 0 / 100 / 512 in turn, hostile indices, duplicates, NaN rows behind invalid slots, sinks.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
 """
 
+import os
 import sys
 
 import torch
@@ -31,6 +36,7 @@ from sparse_mla.testing import (
     make_inputs,
     poisoned_outputs,
     reference_prefill,
+    with_shared_neighbours,
 )
 
 
@@ -71,8 +77,25 @@ def units_cases(seed: int):
     yield f"units: s_q {s_q}, h_q 64, d_qk 576, topk {topk}, topk_length 0 / 100 / {topk} in turn", inputs
 
 
+def groups_cases(seed: int):
+    topk, group = 512, 4
+    s_q = group * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 1) + 3
+    inputs = make_inputs(
+        s_q=s_q, s_kv=4096, h_q=16, d_qk=576, topk=topk, seed=seed, invalid="hostile", duplicates=True,
+        nan_kv_rows=True, attn_sink="special",
+    )
+    shared = with_shared_neighbours(inputs, group, 0.9, seed)
+    half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
+    inputs["indices"] = torch.where(half, shared["indices"], inputs["indices"]).contiguous()
+    inputs["topk_length"] = torch.tensor([(0, 100, topk)[i % 3] for i in range(s_q)], dtype=torch.int32, device="cuda")
+    for mode in ("auto", "always"):
+        os.environ["SPARSE_MLA_TOKEN_GROUPS"] = mode  # read by the call that follows the yield
+        yield f"groups ({mode}): s_q {s_q}, h_q 16, d_qk 576, topk {topk}, half the groups overlapping", inputs
+
+
 seed, case = int(sys.argv[1]), sys.argv[2]
-for name, inputs in {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases}[case](seed):
+cases = {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases, "groups": groups_cases}
+for name, inputs in cases[case](seed):
     s_q, h_q, _ = inputs["q"].shape
     result = sparse_mla_q8kv8_prefill_fwd(**inputs, **poisoned_outputs(s_q, h_q, device="cuda"))
     torch.cuda.synchronize()

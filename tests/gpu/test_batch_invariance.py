@@ -87,8 +87,9 @@ def test_the_environment_variable_turns_the_mode_on(prefill_fwd, seed, monkeypat
 
 @pytest.mark.parametrize("h_q, d_qk, topk", [(64, 576, 2048), (16, 576, 2048)])
 def test_the_default_mode_is_not_batch_invariant(prefill_fwd, seed, h_q, d_qk, topk):
-    """The tail split cuts a row of a short call into parts: its sum runs in another order than in
-    a large call. If this ever passes with no difference, the invariance test above proves nothing."""
+    """The tail split cuts a row of a short call into parts, and at h_q <= 32 token groups compute a row
+    with its neighbours' union: its sum runs in another order than in a large call. If this ever passes
+    with no difference, the invariance test above proves nothing."""
     inputs = make_inputs(s_q=S_Q, s_kv=8192, h_q=h_q, d_qk=d_qk, topk=topk, seed=seed)
     found = _differences(prefill_fwd, inputs, seed)
     assert any("alone" in line for line in found), f"seed {seed}: no row changed with the call's s_q"

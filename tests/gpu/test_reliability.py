@@ -43,12 +43,13 @@ def _compute_sanitizer() -> str | None:
     return found or (str(candidate) if candidate.is_file() else None)
 
 
-@pytest.mark.parametrize("case", ["small", "pipeline", "units"])
+@pytest.mark.parametrize("case", ["small", "pipeline", "units", "groups"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
     hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6; ``units``: more work
-    units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA (sanitize_case.py)."""
+    units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA; ``groups``: token
+    groups, more than CTAs, grouped and narrow units in turn (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
@@ -165,7 +166,8 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         args = dict(q=inputs["q"], kv=inputs["kv"], indices=inputs["indices"], q_scale=inputs["q_scale"],
                     kv_scale=inputs["kv_scale"], attn_sink=None, topk_length=None, out=out,
                     max_logits=stats[0], lse=stats[1], sm_scale=0.04, split_begin=8, split_parts=1,
-                    split_workspace=None, split_counters=None)
+                    split_workspace=None, split_counters=None, group_size=1, group_indices=None,
+                    group_owners=None, group_length=None, grouped=False)
         args.update(changes)
         module.prefill_fwd(*args.values())
 
@@ -193,6 +195,23 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
     with pytest.raises(ValueError, match=rf"split_workspace.shape\[2\] must be {SPLIT_PART_FLOATS},"):
         call(indices=indices, split_begin=0, split_parts=2,
              split_workspace=torch.empty(8, 2, 1000, device="cuda"), split_counters=counters)
+    # Token groups: lists of the pre-pass's shapes, no tail split, and a grouped launch only with groups.
+    lists = dict(group_size=4, group_indices=torch.zeros(2, 256, dtype=torch.int32, device="cuda"),
+                 group_owners=torch.zeros(2, 256, dtype=torch.uint8, device="cuda"),
+                 group_length=torch.zeros(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="inconsistent token groups: group_size 5 with h_q 16"):
+        call(indices=indices, **dict(lists, group_size=5))  # 5 x 16 rows do not fit a tile
+    with pytest.raises(ValueError, match="inconsistent token groups: group_size 4"):
+        call(indices=indices, **dict(lists, group_length=None))
+    with pytest.raises(ValueError, match=r"group_indices.shape\[1\] must be 256, got 128"):
+        call(indices=indices, **dict(lists, group_indices=lists["group_indices"][:, :128].contiguous()))
+    with pytest.raises(ValueError, match="group_owners has the wrong dtype"):
+        call(indices=indices, **dict(lists, group_owners=lists["group_indices"]))
+    with pytest.raises(ValueError, match="token groups run without a tail split"):
+        call(indices=indices, grouped=True)
+    with pytest.raises(ValueError, match="token groups run without a tail split"):
+        call(indices=indices, split_begin=0, split_parts=2, split_workspace=torch.empty(8, 2, SPLIT_PART_FLOATS,
+             device="cuda"), split_counters=counters, **lists)
     torch.cuda.synchronize()  # nothing was launched with bad arguments, the context is healthy
 
 

@@ -27,6 +27,8 @@ import tvm_ffi
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
 from bench import incumbent_call  # noqa: E402
 
+from sparse_mla.jit import ENTRY_FUNCTION  # noqa: E402
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
 from sparse_mla.launch import launch  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
     PRESETS,
@@ -54,22 +56,43 @@ SHAPES = [
 QUICK = (0, 3, 5, 6)
 
 
-def load_variant(spec: str) -> tuple[str, dict]:
-    """``NAME=CACHE_ROOT`` -> (name, {(d_qk, topk): module}) for every kernel the root holds. The same
-    root under two names times one build twice: the spread between the two is the noise floor."""
-    name, _, root = spec.partition("=")
+class LegacyModule:
+    """A module built before token groups: its entry ends at the tail split's counters (15 arguments),
+    and it has no pre-pass, so it runs with token groups off."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        function = getattr(self._module, name)
+        return (lambda *args: function(*args[:15])) if name == ENTRY_FUNCTION else function
+
+
+def load_variant(spec: str) -> tuple[str, dict, str]:
+    """``NAME=CACHE_ROOT[:MODE]`` -> (name, {(d_qk, topk): module}, token-group mode) for every kernel
+    the root holds; MODE is ``auto`` (default), ``always`` or ``never`` (forced for modules built before
+    token groups). The same root under two names times one build twice: the spread between the two is
+    the noise floor."""
+    name, _, rest = spec.partition("=")
+    root, _, mode = rest.partition(":")
+    mode = mode or "auto"
     modules = {}
     for so in sorted(pathlib.Path(root).glob("sm90a/sparse_mla_prefill_dqk*_topk*_sm90a/*/*.so")):
         key = so.parent.parent.name.split("_")  # sparse_mla_prefill_dqk576_topk2048_sm90a
-        modules[(int(key[3][3:]), int(key[4][4:]))] = tvm_ffi.load_module(str(so))
+        module = tvm_ffi.load_module(str(so))
+        try:
+            getattr(module, TOKEN_GROUPS_FUNCTION)
+        except AttributeError:
+            module, mode = LegacyModule(module), "never"
+        modules[(int(key[3][3:]), int(key[4][4:]))] = module
     if not modules:
         sys.exit(f"no kernel module under {root}")
-    return name, modules
+    return name, modules, mode
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT")
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT[:MODE]")
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO")
     parser.add_argument("--indices", choices=("uniform",) + tuple(PRESETS), default="uniform")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK}")
@@ -81,7 +104,7 @@ def main() -> None:
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
 
-    variants = dict(load_variant(spec) for spec in args.variant)
+    variants = {name: (modules, mode) for name, modules, mode in map(load_variant, args.variant)}
     dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
     shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
     if args.shape:
@@ -93,13 +116,13 @@ def main() -> None:
         if args.indices != "uniform":
             inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[args.indices], seed=0)
         calls, outputs = {}, {}
-        for name, modules in variants.items():
+        for name, (modules, mode) in variants.items():
             for invariant in (False, True) if args.batch_invariant else (False,):
                 label = name + ("+bi" if invariant else "")
                 out = outputs[label] = poisoned_outputs(s_q, h_q)
-                calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant: launch(
+                calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant, tg=mode: launch(
                     inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
-                    o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m))
+                    o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m, token_groups=tg))
         if dispatch is not None:
             shape_args = dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape))
             calls["incumbent"] = incumbent_call(dispatch, inputs, shape_args)[0]

@@ -1,7 +1,7 @@
 """Environment: where the cache lives, which switches are set, where the toolchain and headers are.
 
 Read when a kernel is looked up (a miss in the in-process memo), never with a subprocess: a cache hit
-must not start one. The one switch read on every call is ``SPARSE_MLA_BATCH_INVARIANT`` (a dict lookup).
+must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVARIANT`` and ``SPARSE_MLA_TOKEN_GROUPS`` (dict lookups).
 
 | variable | meaning |
 | --- | --- |
@@ -11,6 +11,7 @@ must not start one. The one switch read on every call is ``SPARSE_MLA_BATCH_INVA
 | ``SPARSE_MLA_DISABLE_JIT=1`` | a cache miss raises :class:`~sparse_mla.errors.JITDisabledError` instead of compiling |
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
 | ``SPARSE_MLA_BATCH_INVARIANT=1`` | every call runs in the batch-invariant mode (``batch_invariant=True``, see :mod:`sparse_mla.api`) unless it passes ``batch_invariant=False`` |
+| ``SPARSE_MLA_TOKEN_GROUPS`` | ``auto`` (default), ``always`` or ``never``: whether calls with at most 32 heads run adjacent tokens together over the union of their selections (see :mod:`sparse_mla.launch`); ``always`` and ``never`` are for tests and benchmarks |
 | ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``) |
 | ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
 """
@@ -45,6 +46,17 @@ def verbose() -> bool:
 def batch_invariant() -> bool:
     """The default of ``batch_invariant`` for calls that do not pass it."""
     return _flag("SPARSE_MLA_BATCH_INVARIANT")
+
+
+TOKEN_GROUP_MODES = ("auto", "always", "never")
+
+
+def token_groups() -> str:
+    """``SPARSE_MLA_TOKEN_GROUPS``: one of TOKEN_GROUP_MODES (default ``auto``)."""
+    mode = os.environ.get("SPARSE_MLA_TOKEN_GROUPS", "auto").strip().lower() or "auto"
+    if mode not in TOKEN_GROUP_MODES:
+        raise ValueError(f"SPARSE_MLA_TOKEN_GROUPS must be one of {', '.join(TOKEN_GROUP_MODES)}, got {mode!r}")
+    return mode
 
 
 def source_checkout_root() -> Path | None:

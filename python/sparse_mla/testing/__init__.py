@@ -15,7 +15,14 @@
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
 
-from sparse_mla.testing.index_patterns import PRESETS, IndexOverlap, index_overlap_stats, realistic_indices
+from sparse_mla.testing.index_patterns import (
+    PRESETS,
+    IndexOverlap,
+    index_overlap_stats,
+    realistic_indices,
+    shared_neighbour_indices,
+    with_shared_neighbours,
+)
 from sparse_mla.testing.inputs import (
     FP8_E4M3_MAX,
     HOSTILE_INDICES,
@@ -64,4 +71,6 @@ __all__ = [
     "realistic_indices",
     "reference_prefill",
     "relative_error",
+    "shared_neighbour_indices",
+    "with_shared_neighbours",
 ]

@@ -21,7 +21,14 @@ import torch
 
 from sparse_mla.testing.inputs import _generator
 
-__all__ = ["PRESETS", "IndexOverlap", "index_overlap_stats", "realistic_indices"]
+__all__ = [
+    "PRESETS",
+    "IndexOverlap",
+    "index_overlap_stats",
+    "realistic_indices",
+    "shared_neighbour_indices",
+    "with_shared_neighbours",
+]
 
 HUB_BOOST = 4.0  # added to the score of hub rows: they are selected by (nearly) every query
 _CHUNK_ELEMENTS = 1 << 24  # scores materialized at once (64 MiB of float32)
@@ -87,6 +94,54 @@ def realistic_indices(
         best = scores.topk(k, dim=1)
         indices[start:stop, :k] = torch.where(torch.isfinite(best.values), best.indices, -1).int()
     return indices.unsqueeze(1)
+
+
+def shared_neighbour_indices(
+    s_q: int,
+    s_kv: int,
+    topk: int,
+    *,
+    group: int,
+    shared: float,
+    seed: Optional[int] = None,
+    device: str | torch.device = "cuda",
+) -> torch.Tensor:
+    """``[s_q, 1, topk]`` int32 selections whose neighbours overlap by construction: in each run of
+    ``group`` adjacent rows (from row 0), every row selects the run's ``round(shared * topk)`` common
+    rows and ``topk`` minus that many rows of its own, all distinct within the row and in the row's own
+    random order. Fast to draw for small shapes (tests); ``realistic_indices`` is the realistic pattern."""
+    if not 0.0 <= shared <= 1.0 or topk > s_kv:
+        raise ValueError(f"shared must be in [0, 1] and topk <= s_kv, got shared {shared}, topk {topk}, s_kv {s_kv}")
+    generator = _generator(seed, device)
+    common = round(shared * topk)
+    indices = torch.empty(s_q, topk, dtype=torch.int32, device=device)
+    for start in range(0, s_q, group):
+        pool = torch.randperm(s_kv, device=device, generator=generator)
+        for row in range(start, min(start + group, s_q)):
+            rest = pool[common:][torch.randperm(s_kv - common, device=device, generator=generator)[: topk - common]]
+            chosen = torch.cat([pool[:common], rest])
+            indices[row] = chosen[torch.randperm(topk, device=device, generator=generator)].int()
+    return indices.unsqueeze(1)
+
+
+def with_shared_neighbours(inputs: dict, group: int, shared: float, seed: Optional[int] = None) -> dict:
+    """``make_inputs``' arguments with indices whose runs of ``group`` adjacent rows share ``shared`` of
+    their slots (`shared_neighbour_indices`). Only the distinct valid slots are replaced: invalid,
+    hostile and duplicated slots stay where make_inputs put them, and the new rows hold no NaN
+    (``nan_kv_rows`` puts NaN behind invalid slots only)."""
+    indices, kv = inputs["indices"], inputs["kv"]
+    s_q, _, topk = indices.shape
+    clean = torch.nonzero(~kv.float().isnan().any(dim=-1).any(dim=-1)).flatten().int()
+    drawn = shared_neighbour_indices(s_q, clean.numel(), topk, group=group, shared=shared, seed=seed,
+                                     device=indices.device)
+    replace = torch.zeros_like(indices, dtype=torch.bool)
+    for row in range(s_q):
+        values = indices[row, 0]
+        _, inverse, counts = torch.unique(values, return_inverse=True, return_counts=True)
+        replace[row, 0] = (counts[inverse] == 1) & (values >= 0) & (values < kv.shape[0])
+    result = dict(inputs)
+    result["indices"] = torch.where(replace, clean[drawn.long()], indices).contiguous()
+    return result
 
 
 def index_overlap_stats(indices: torch.Tensor) -> IndexOverlap:

@@ -98,14 +98,41 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
   cute::warpgroup_commit_batch();
 }
 
-// This thread's logits of one block and what it needs to turn them into P.
-struct BlockLogits {
-  const float (&s)[32];  // raw Q.K^T accumulators, see the fragment notes
-  uint64_t valid;        // the block's valid bits, shifted so that bit 8j + e is slot 8j + 2c + e
-  float scale_log2;      // logit = s * scale_log2 (log2 units)
-
+// Which of this thread's logits of a block have a valid slot: the wide tile's mask, one for all rows.
+struct BlockMask {
+  uint64_t valid;  // the block's valid bits, shifted so that bit 8j + e is slot 8j + 2c + e
   // s[k]'s slot is valid (k = 4j + 2h + e).
   __device__ __forceinline__ bool is_valid(int k) const { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; }
+};
+
+// The grouped tile's mask: rows h = 0, 1 of the thread belong to different tokens, each with its own
+// slots. Only the thread's 16 slots per row are kept, in one register (the pair loop has none to spare).
+struct RowMask {
+  uint32_t valid;  // bit 8 (j % 4) + 4 (j / 4) + 2h + e: slot 8j + 2c + e is valid for row h
+  __device__ __forceinline__ bool is_valid(int k) const {
+    const int j = k / 4;
+    return ((valid >> (8 * (j % 4) + 4 * (j / 4) + 2 * ((k >> 1) & 1) + (k & 1))) & 1u) != 0;
+  }
+
+  // From the valid bits of the block for each row's token (bit r: slot r).
+  __device__ __forceinline__ static RowMask of_rows(uint64_t row0, uint64_t row1, int c) {
+    const auto thread_bits = [c](uint64_t bits) {  // slot 8j + 2c + e at bit 8 (j % 4) + 4 (j / 4) + e
+      const uint32_t lo = (static_cast<uint32_t>(bits) >> (2 * c)) & 0x03030303u;
+      const uint32_t hi = (static_cast<uint32_t>(bits >> 32) >> (2 * c)) & 0x03030303u;
+      return lo | (hi << 4);
+    };
+    return {thread_bits(row0) | (thread_bits(row1) << 2)};
+  }
+};
+
+// This thread's logits of one block and what it needs to turn them into P.
+template <typename Mask>
+struct BlockLogits {
+  const float (&s)[32];  // raw Q.K^T accumulators, see the fragment notes
+  Mask mask;             // BlockMask, or RowMask in a token group
+  float scale_log2;      // logit = s * scale_log2 (log2 units)
+
+  __device__ __forceinline__ bool is_valid(int k) const { return mask.is_valid(k); }
 
   // P = 2^(logit - reference) as e4m3 into this thread's 4-byte groups of its P tile (rows
   // 16 warp + g + 8h, slots 16G + 4c .. + 3 for G < 4, in the P.V K order); returns the row sums of
@@ -155,19 +182,35 @@ struct BlockLogits {
   }
 };
 
-// Online softmax of one pair: logits s and valid bits of this consumer's block of the pair -> P in
-// probs[buf][wg], running statistics in st. Returns whether O must be rescaled (by alpha[wg]) before
-// the pair's P.V.
+// Online softmax of one pair: logits s and valid bits of this consumer's block of the pair (stage
+// `stage` of the ring; in a token group, each row's token's) -> P in probs[buf][wg], running
+// statistics in st. Returns whether O must be rescaled (by alpha[wg]) before the pair's P.V.
 // Fast path: P is written against the current references straight away, without exchanging row
 // maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
 // row's reference by more than the slack. Only then (the first pair of a unit, and rarely after)
 // the exact path exchanges the maxima, moves the references and writes P again.
-template <int D_QK>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], uint64_t valid_bits,
-                                                 int buf, float scale_log2, ConsumerState& st) {
+template <Tile TILE, int D_QK>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int buf,
+                                                 float scale_log2, ConsumerState& st) {
+  const int wg = cutlass::canonical_warp_group_idx(), c = threadIdx.x % 4;  // consumer_thread()'s
+  if constexpr (TILE == Tile::kGrouped) {
+    // The rows' tokens from shared memory, not registers: the pair loop has none to spare.
+    const int row = frag_row(threadIdx.x % 128 / 32, threadIdx.x % 32 / 4, 0);
+    const RowMask mask = RowMask::of_rows(ss.group_valid[stage][wg][ss.row_token[row]],
+                                          ss.group_valid[stage][wg][ss.row_token[row + 8]], c);
+    return softmax_to_probs(ss, BlockLogits<RowMask>{s, mask, scale_log2}, mask.valid == ~0u, buf, st);
+  } else {
+    const uint64_t valid_bits = ss.valid[stage][wg];
+    return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * c)}, scale_log2}, valid_bits == ~0ull, buf, st);
+  }
+}
+
+// The same from the block's logits and whether all of this thread's slots are valid (the common case:
+// no masking).
+template <int D_QK, typename Mask>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const BlockLogits<Mask>& logits, bool all_valid,
+                                                 int buf, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
-  const BlockLogits logits{s, valid_bits >> (2 * c), scale_log2};
-  const bool all_valid = valid_bits == ~0ull;  // the common case: no masking
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
 
@@ -227,11 +270,11 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 
 // One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (the KvStage of each
 // pair), `unit_count` the units (the QStage of q_full).
-template <int D_QK, int TOPK>
+template <int D_QK, int TOPK, Tile TILE>
 __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int unit_count, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
-  constexpr bool ONE_BLOCK = one_block_tile<TOPK>();  // block 1 of every pair is empty and never read
+  constexpr bool ONE_BLOCK = one_block_tile<TOPK, TILE>();  // block 1 of every pair is empty and never read
 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -263,7 +306,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs(ss, s, ss.valid[first.index][wg], 0, scale_log2, st);
+  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
@@ -312,7 +355,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs(ss, s, ss.valid[stage.next().index][wg], buf ^ 1, scale_log2, st);
+    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, buf ^ 1, scale_log2, st);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);

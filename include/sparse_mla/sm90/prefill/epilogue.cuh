@@ -13,11 +13,12 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
+#include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
 
-template <int D_QK>
+template <int D_QK, Tile TILE>
 __device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
   constexpr float LN2 = 0.6931471805599453f;
@@ -41,7 +42,8 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = frag_row(warp, g, h);
-      const int head = head_begin + row;
+      const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, row);
+      const int token = token_head.x, head = token_head.y;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
       float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
@@ -61,9 +63,9 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       if (c == 0) {
         ss.out_scale[row] = scale;
         if (row < num_heads) {
-          params.max_logits[static_cast<int64_t>(q_row) * params.max_logits_stride_s +
+          params.max_logits[static_cast<int64_t>(token) * params.max_logits_stride_s +
                             static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
-          params.lse[static_cast<int64_t>(q_row) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
+          params.lse[static_cast<int64_t>(token) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
         }
       }
     }
@@ -88,7 +90,12 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       for (int e = 0; e < 2; ++e) {
         if (8 * j + 2 * c + e >= num_heads) continue;
         const float sc = e == 0 ? scale.x : scale.y;
-        bf16* const dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
+        bf16* dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
+        if constexpr (TILE == Tile::kGrouped) {
+          const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, 8 * j + 2 * c + e);
+          dst = params.out + static_cast<int64_t>(token_head.x) * params.out_stride_s +
+                static_cast<int64_t>(token_head.y) * params.out_stride_h + dim0;
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const __nv_bfloat162 v = __floats2bfloat162_rn(st.o[i][4 * j + e] * sc, st.o[i][4 * j + 2 + e] * sc);

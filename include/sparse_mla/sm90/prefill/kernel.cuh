@@ -36,8 +36,9 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
 }
 
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
-// NARROW: the narrow-head tile (narrow.cuh) for h_q <= NARROW_HEADS, launched without a tail split.
-template <int D_QK, int TOPK, bool NARROW>
+// TILE (traits.cuh): the wide tile; the narrow one for h_q <= NARROW_HEADS, launched without a tail
+// split; the grouped one over token groups (token_groups.cuh), also without.
+template <int D_QK, int TOPK, Tile TILE>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
   __trap();  // built for the wrong target (wgmma and setmaxnreg need sm_90a)
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   const int head_blocks = num_head_blocks(params);
   // entry.cuh checks that the units fit an int.
-  const int n_units = static_cast<int>(num_work_units(params));
+  const int n_units = TILE == Tile::kGrouped ? num_token_groups(params) : static_cast<int>(num_work_units(params));
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, Q_FULL_ARRIVALS);
@@ -64,39 +65,46 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       }
     }
   }
+  if (TILE == Tile::kGrouped && threadIdx.x < B_H) {
+    ss.row_token[threadIdx.x] = static_cast<uint8_t>(min(static_cast<int>(threadIdx.x) / params.h_q, params.group_size - 1));
+  }
   __syncthreads();
 
-  // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh).
+  // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh). A skipped
+  // unit (token groups: the other launch's) is skipped by both.
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
     const ProducerThread pt = producer_thread();
-    WorkScheduler<TOPK> scheduler(params, head_blocks, n_units);
+    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
     for (; scheduler.has_work(); scheduler.advance()) {
       const WorkUnit w = scheduler.current();
-      produce_unit<D_QK, TOPK>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+      if (w.skipped) continue;
+      produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
-    WorkScheduler<TOPK> scheduler(params, head_blocks, n_units);
-    if constexpr (NARROW) {  // whole items only: the launch runs a split call with the wide tile
+    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
+    if constexpr (TILE == Tile::kNarrow) {  // whole items only: the launch runs a split call with the wide tile
       for (; scheduler.has_work(); scheduler.advance()) {
         const WorkUnit w = scheduler.current();
+        if (w.skipped) continue;
         NarrowState st;
         run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
         store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
       }
     } else {
-    // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
-    // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
-    // different code at topk 1 and 64.
-    for (; scheduler.has_work(); scheduler.advance()) {
-      const WorkUnit w = scheduler.current();
-      ConsumerState st;
-      run_consumer_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
-      if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
-      store_outputs<D_QK>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
-    }
+      // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
+      // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
+      // different code at topk 1 and 64.
+      for (; scheduler.has_work(); scheduler.advance()) {
+        const WorkUnit w = scheduler.current();
+        if (w.skipped) continue;
+        ConsumerState st;
+        run_consumer_mainloop<D_QK, TOPK, TILE>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
+        if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;
+        store_outputs<D_QK, TILE>(params, ss, st, w.q_row, w.head_begin, w.num_heads);
+      }
     }
   }
 #endif

@@ -11,23 +11,28 @@
 namespace sparse_mla::sm90 {
 
 // Launches on `stream`; params.s_q > 0, indices with TOPK slots per row, the split fields consistent (entry.cuh)
-// and the work units (scheduler.cuh) fit an int.
+// and the work units (scheduler.cuh) fit an int. `grouped`: the token groups' grouped launch
+// (params.group_length is set, no tail split); otherwise the call's tokens one by one, those of
+// grouped groups skipped when params.group_length is set.
 // Returns the launch error; never synchronizes.
 template <int D_QK, int TOPK>
-cudaError_t launch_prefill(const PrefillParams& params, cudaStream_t stream) {
+cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream_t stream) {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
   static_assert(TOPK > 0, "topk must be positive");
+  using prefill::Tile;
   constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
-  // The narrow-head tile has no tail split: a split call runs the wide one.
+  // The narrow-head and grouped tiles have no tail split: a split call runs the wide one.
   const bool narrow = params.h_q <= prefill::NARROW_HEADS && params.split_parts == 1;
-  auto kernel = narrow ? prefill::prefill_kernel<D_QK, TOPK, true> : prefill::prefill_kernel<D_QK, TOPK, false>;
+  auto kernel = grouped  ? prefill::prefill_kernel<D_QK, TOPK, Tile::kGrouped>
+                : narrow ? prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow>
+                         : prefill::prefill_kernel<D_QK, TOPK, Tile::kWide>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.
   int device = 0, sms = 0;
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-  const int64_t units = prefill::num_work_units(params);
+  const int64_t units = grouped ? prefill::num_token_groups(params) : prefill::num_work_units(params);
   const dim3 grid(static_cast<unsigned>(units < sms ? units : sms));
   kernel<<<grid, prefill::NUM_THREADS, smem_bytes, stream>>>(params);
   return cudaGetLastError();

@@ -211,7 +211,7 @@ template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                     int pair_base, int unit_count, NarrowState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
-  constexpr bool ONE_BLOCK = one_block_tile<TOPK>();
+  constexpr bool ONE_BLOCK = one_block_tile<TOPK, Tile::kNarrow>();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll

@@ -52,7 +52,7 @@ __device__ __forceinline__ ProducerThread producer_thread() {
 
 // One work unit: its Q tile, then its pairs. `unit_count` counts the CTA's earlier units (the QStage of
 // q_empty), `pair_base` their pairs (the KvStage of each pair).
-template <int D_QK, int TOPK>
+template <int D_QK, int TOPK, Tile TILE>
 __device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                              const ProducerThread& pt, const WorkUnit& w, int unit_count,
                                              int pair_base) {
@@ -76,8 +76,9 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const bool valid = rows[k] < num_heads;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
-                           (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
+      const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, valid ? rows[k] : 0);
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
+                           (valid ? static_cast<int64_t>(token_head.y) * params.q_stride_h : 0) + chunk * 16;
 #pragma unroll
       for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
     }
@@ -89,23 +90,36 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
     }
   }
 
-  const int32_t* slot_indices = params.indices + static_cast<int64_t>(q_row) * TOPK + w.slot_begin;
+  constexpr bool GROUPED = TILE == Tile::kGrouped;
+  const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
+  const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
+  // A group's entry: which of its tokens the slot belongs to (0 past the list).
+  const uint8_t* slot_owners = params.group_owners + list;
+  auto load_owner = [&](int slot) -> uint32_t { return slot < n_slots ? __ldg(slot_owners + slot) : 0u; };
 
   int32_t index[2][2];  // [block of the pair][row k]
+  uint32_t owners = 0;  // token groups: owner bits of [b][k] in byte 2b + k (one register: the producer has 40)
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
+    for (int k = 0; k < 2; ++k) {
+      index[b][k] = load_index(b * B_TOPK + rows[k]);
+      if constexpr (GROUPED) owners |= load_owner(b * B_TOPK + rows[k]) << (8 * (2 * b + k));
+    }
   }
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
     int32_t next[2][2];
+    uint32_t next_owners = 0;
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
+      for (int k = 0; k < 2; ++k) {
+        next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
+        if constexpr (GROUPED) next_owners |= load_owner((2 * pair + 2 + b) * B_TOPK + rows[k]) << (8 * (2 * b + k));
+      }
     }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
@@ -116,19 +130,36 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       for (int k = 0; k < 2; ++k) {
         valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
         const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
-        if (one_block_tile<TOPK>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
+        if (one_block_tile<TOPK, TILE>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
 #pragma unroll
         for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
       }
       cp_async_commit();
       // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
       // Released with lane 0's arrival below.
-      const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
-      const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
-      if (lane == 0) {
-        uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
-        bytes[warp] = static_cast<uint8_t>(low);
-        bytes[4 + warp] = static_cast<uint8_t>(high);
+      if constexpr (GROUPED) {
+        // The same per token t of the group: the slot is valid and belongs to t.
+        const uint32_t own0 = __shfl_sync(0xffffffffu, valid[0] ? (owners >> (16 * b)) & 0xffu : 0u, 4 * (lane & 7));
+        const uint32_t own1 = __shfl_sync(0xffffffffu, valid[1] ? (owners >> (16 * b + 8)) & 0xffu : 0u, 4 * (lane & 7));
+#pragma unroll
+        for (int t = 0; t < MAX_GROUP; ++t) {
+          if (t >= params.group_size) break;
+          const uint32_t low = __ballot_sync(0xffffffffu, (own0 >> t) & 1u) & 0xffu;
+          const uint32_t high = __ballot_sync(0xffffffffu, (own1 >> t) & 1u) & 0xffu;
+          if (lane == 0) {
+            uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.group_valid[stage.index][b][t]);
+            bytes[warp] = static_cast<uint8_t>(low);
+            bytes[4 + warp] = static_cast<uint8_t>(high);
+          }
+        }
+      } else {
+        const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
+        const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
+        if (lane == 0) {
+          uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
+          bytes[warp] = static_cast<uint8_t>(low);
+          bytes[4 + warp] = static_cast<uint8_t>(high);
+        }
       }
     }
     // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
@@ -144,6 +175,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
       for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
     }
+    owners = next_owners;
   }
 }
 

@@ -43,6 +43,8 @@ using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks
 // gathers the next unit's Q and first blocks while the consumers finish the current one (no CTA
 // launch or pipeline fill between units). Both head blocks of a token are neighbouring items: they
 // run at the same time on neighbouring CTAs and gather the same rows, the second from L2.
+// With the grouped tile (Tile::kGrouped) an item is a token group: q_row is its first token, num_heads
+// the tile rows that exist (h_q per token of the group), and the slots are the entries of its list.
 struct WorkUnit {
   int item;        // the (token, head block) index
   int q_row;
@@ -52,6 +54,7 @@ struct WorkUnit {
   int slot_begin;  // the unit's first slot (a multiple of 2 * B_TOPK)
   int n_slots;     // slots of the unit that can be valid: from slot_begin to min(topk_length, topk)
   int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
+  bool skipped;    // token groups: the unit belongs to the other launch; neither role touches it
 };
 
 // Blocks of B_H heads per query token.
@@ -66,9 +69,40 @@ __host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& 
   return params.split_begin + (items - params.split_begin) * params.split_parts;
 }
 
+// Tile row `row` holds head head_begin + row of token q_row; in a token group (Tile::kGrouped, q_row its
+// first token, head_begin 0), head row % h_q of token q_row + row / h_q. Rows from num_heads on do not exist
+// (zero in Q, never stored).
+template <Tile TILE>
+__device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int q_row, int head_begin, int row) {
+  if constexpr (TILE == Tile::kGrouped) return make_int2(q_row + row / params.h_q, row % params.h_q);
+  return make_int2(q_row, head_begin + row);
+}
+
+// Token groups of the call (the grouped launch's work units).
+__host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& params) {
+  return params.s_q / params.group_size + (params.s_q % params.group_size != 0);
+}
+
+// A token group as a work unit of the grouped launch; skipped when the group runs token by token.
+__device__ __forceinline__ WorkUnit group_unit(int unit, const PrefillParams& params) {
+  WorkUnit w;
+  w.item = unit;
+  w.q_row = unit * params.group_size;
+  w.head_begin = 0;
+  w.num_heads = min(params.group_size, params.s_q - w.q_row) * params.h_q;
+  w.part = 0;
+  w.slot_begin = 0;
+  const int length = __ldg(params.group_length + unit);
+  w.skipped = length < 0;
+  w.n_slots = max(length, 0);
+  w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  return w;
+}
+
 // The split's runtime divisions (on the path between two units) run for split units only.
-template <int TOPK>
+template <int TOPK, Tile TILE>
 __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
+  if constexpr (TILE == Tile::kGrouped) return group_unit(unit, params);
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
   int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
   if (unit >= params.split_begin) {
@@ -89,6 +123,10 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
   w.slot_begin = pair_begin * 2 * B_TOPK;
   w.n_slots = max(min(item_slots, pair_end * 2 * B_TOPK) - w.slot_begin, 0);
   w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  // Token groups: this launch takes the tokens of the groups the grouped launch does not.
+  w.skipped = TILE == Tile::kNarrow && params.group_length != nullptr &&
+              __ldg(params.group_length + w.q_row / params.group_size) >= 0;
+  if (w.skipped) w.n_slots = w.n_pairs = 0;  // no pairs counted for it
   return w;
 }
 
@@ -99,7 +137,7 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
 // current() notes where the unit's pairs end and advance() moves the pair count there, so that the
 // add sits ahead of the consumers' split merge: made in advance() from the unit, at the end of the
 // consumers' loop, it compiles to a different schedule.
-template <int TOPK>
+template <int TOPK, Tile TILE>
 class WorkScheduler {
  public:
   __device__ __forceinline__ WorkScheduler(const PrefillParams& params, int head_blocks, int n_units)
@@ -107,16 +145,17 @@ class WorkScheduler {
 
   __device__ __forceinline__ bool has_work() const { return unit_ < n_units_; }
   __device__ __forceinline__ WorkUnit current() {
-    const WorkUnit w = work_unit<TOPK>(unit_, params_, head_blocks_);
+    const WorkUnit w = work_unit<TOPK, TILE>(unit_, params_, head_blocks_);
     pair_end_ = pair_base_ + w.n_pairs;
+    counted_ = !w.skipped;
     return w;
   }
-  __device__ __forceinline__ bool is_split_part() const { return unit_ >= params_.split_begin; }
+  __device__ __forceinline__ bool is_split_part() const { return TILE == Tile::kWide && unit_ >= params_.split_begin; }
   __device__ __forceinline__ int unit_count() const { return unit_count_; }
   __device__ __forceinline__ int pair_base() const { return pair_base_; }
   __device__ __forceinline__ void advance() {
     unit_ += gridDim.x;
-    ++unit_count_;
+    unit_count_ += counted_;  // a skipped unit used no Q buffer
     pair_base_ = pair_end_;
   }
 
@@ -124,9 +163,10 @@ class WorkScheduler {
   const PrefillParams& params_;
   int head_blocks_, n_units_;
   int unit_;            // the current unit: blockIdx.x, blockIdx.x + gridDim.x, ...
-  int unit_count_ = 0;  // this CTA's units before it
+  int unit_count_ = 0;  // this CTA's units before it, skipped ones not counted
   int pair_base_ = 0;   // their pairs
   int pair_end_ = 0;    // pair_base_ plus the current unit's pairs (current())
+  bool counted_ = true; // the current unit is not skipped (current())
 };
 
 }  // namespace sparse_mla::sm90::prefill

@@ -20,16 +20,26 @@ namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
 constexpr int NARROW_HEADS = 32; // h_q up to this runs the narrow-head tile (narrow.cuh)
+constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups.cuh): one owner bit each
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
 constexpr int NUM_CONSUMER_THREADS = 256;  // WG0 and WG1
 constexpr int NUM_PRODUCER_THREADS = 128;  // WG2
 constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + NUM_PRODUCER_THREADS;
 constexpr int CONSUMER_D_V = D_V / 2;      // output columns of each consumer's O^T
+// The consumers' tile, one kernel instantiation each (kernel.cuh).
+enum class Tile {
+  kWide,     // 64 heads of one query token (consumer.cuh)
+  kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (narrow.cuh)
+  kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
+             // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
+};
+
 // topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
-// gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0.
-template <int TOPK>
-constexpr bool one_block_tile() { return TOPK <= B_TOPK; }
+// gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
+// token group, whose list holds up to MAX_GROUP * TOPK slots.
+template <int TOPK, Tile TILE>
+constexpr bool one_block_tile() { return TOPK <= B_TOPK && TILE != Tile::kGrouped; }
 // setmaxnreg budgets: 2 x 232 + 40 = 504 = 3 x 168, the registers the CTA is launched with
 // (__launch_bounds__(384, 1) caps a thread at 168); setmaxnreg.inc waits forever if the producer
 // did not free what the consumers take.
@@ -77,6 +87,11 @@ struct SharedStorage {
   float head_max[2][4][NARROW_HEADS];  // narrow tile: per consumer and warp, a head's max (exact path, epilogue)
   float head_sum[2][4][NARROW_HEADS];  // narrow tile epilogue: per consumer and warp, a head's sum
   float head_reference[NARROW_HEADS];  // narrow tile epilogue: each head's reference
+  uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]: row r of
+                                                  // the block is a valid slot of the group's token t
+  uint8_t row_token[B_H];   // token groups: the token t of each tile row (clamped to the group's last
+                            // for rows past the group's, which are zero in Q and never stored); written
+                            // before the kernel's first __syncthreads, read-only after
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done

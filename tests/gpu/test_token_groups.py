@@ -1,0 +1,189 @@
+"""Token groups (h_q <= 32): adjacent tokens share one tile over the union of their selections.
+
+The pre-pass's lists are checked entry by entry against a host computation of the same rule; the
+grouped launch (``SPARSE_MLA_TOKEN_GROUPS=always``: every group grouped) and the automatic mode
+(grouped where the union pays, the narrow tile elsewhere) against the reference on every corner of
+the contract: overlapping but unequal selections, duplicates inside and across rows of a group,
+topk_length differing inside a group (0 included), hostile indices, sinks, tail groups, strided q,
+head counts 1 to 32; and repeated launches, bitwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparse_mla.jit import KernelKey, get_module
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
+from sparse_mla.launch import MAX_UNION_RATIO, group_size
+from sparse_mla.testing import PRESETS, make_inputs, realistic_indices, with_shared_neighbours
+
+pytestmark = pytest.mark.gpu
+
+
+def describe(seed: int, **fields) -> str:
+    return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio: float):
+    """The pre-pass's rule on the host: per group, in order of first occurrence over (token, slot), a
+    row selected once by some tokens (owned by them, at the slot of the lowest), and each occurrence of
+    a row that a token selected more than once (owned by that token alone). Returns per group
+    (entries, owners, length)."""
+    rows = indices[:, 0].cpu().tolist()
+    s_q, topk = len(rows), len(rows[0])
+    lengths = [topk] * s_q if topk_length is None else [min(max(n, 0), topk) for n in topk_length.cpu().tolist()]
+    result = []
+    for first in range(0, s_q, group):
+        tokens = range(first, min(first + group, s_q))
+        valid = {t: [v for v in rows[t][: lengths[t]] if 0 <= v < s_kv] for t in tokens}
+        counts = {t: {} for t in tokens}
+        for t in tokens:
+            for v in valid[t]:
+                counts[t][v] = counts[t].get(v, 0) + 1
+        entries, owners = [], []
+        for t in tokens:
+            for v in valid[t]:
+                once = [u for u in tokens if counts[u].get(v) == 1]
+                if counts[t][v] > 1:
+                    entries.append(v)
+                    owners.append(1 << (t - first))
+                elif once[0] == t:
+                    entries.append(v)
+                    owners.append(sum(1 << (u - first) for u in once))
+        n_valid = sum(len(valid[t]) for t in tokens)
+        pays = len(entries) == 0 or len(entries) <= ratio * n_valid
+        result.append((entries, owners, len(entries) if pays else -1))
+    return result
+
+
+def device_lists(inputs: dict, group: int, ratio: float):
+    s_q, h_q, d_qk = inputs["q"].shape
+    topk = inputs["indices"].shape[2]
+    module = get_module(KernelKey(d_qk=d_qk, topk=topk))
+    groups = (s_q + group - 1) // group
+    group_indices = torch.full((groups, group * topk), -7, dtype=torch.int32, device="cuda")
+    group_owners = torch.full((groups, group * topk), 0xEE, dtype=torch.uint8, device="cuda")
+    group_length = torch.full((groups,), -7, dtype=torch.int32, device="cuda")
+    getattr(module, TOKEN_GROUPS_FUNCTION)(inputs["indices"], inputs["topk_length"], inputs["kv"].shape[0], h_q,
+                                           group, ratio, group_indices, group_owners, group_length)
+    return group_indices.cpu(), group_owners.cpu(), group_length.cpu()
+
+
+@pytest.mark.parametrize(
+    "s_q, h_q, topk, kind",
+    [
+        (37, 16, 64, "duplicates"),  # G 4, a tail group of 1
+        (29, 8, 100, "hostile"),     # G 8, ragged topk, INT32_MIN / -1 / s_kv / INT32_MAX
+        (30, 24, 512, "lengths"),    # G 2, topk_length differing inside groups, 0 included
+        (21, 12, 7, "duplicates"),   # G 5
+        (64, 16, 2048, "realistic"),
+        (40, 1, 2048, "overlap"),    # G 8: 8 * 2048 slots, the largest table
+    ],
+)
+def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind):
+    s_kv = 4096
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed, duplicates=kind == "duplicates",
+                         invalid="hostile" if kind == "hostile" else "none",
+                         topk_length="random" if kind == "lengths" else None)
+    group = group_size(h_q, topk)
+    if kind == "realistic":
+        inputs["indices"] = realistic_indices(s_q, s_kv, topk, seed=seed, **PRESETS["realistic-glm"])
+    elif kind != "hostile":
+        inputs = with_shared_neighbours(inputs, group, 0.8, seed)
+    if kind == "lengths":
+        inputs["topk_length"][::5] = 0
+    context = describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group)
+    for ratio in (MAX_UNION_RATIO, float("inf")):
+        got_indices, got_owners, got_length = device_lists(inputs, group, ratio)
+        for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
+                                                                 group, ratio)):
+            assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
+            n = len(entries)
+            assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
+            assert got_owners[k, :n].tolist() == owners, f"{context}, ratio {ratio}: group {k} owners"
+
+
+GROUPED_CASES = [
+    # s_q, s_kv, h_q, d_qk, topk, options
+    (37, 2048, 16, 576, 64, dict(duplicates=True)),
+    (29, 4096, 8, 576, 100, dict(invalid="hostile", attn_sink="special")),
+    (30, 4096, 24, 576, 512, dict(topk_length="random", attn_sink="random")),
+    (21, 1000, 12, 576, 7, dict(duplicates=True, invalid="mixed")),
+    (41, 8192, 32, 512, 512, dict(q_strided=True, topk_length="random")),
+    (19, 4096, 1, 576, 2048, dict(all_invalid_rows=3, nan_kv_rows=True, topk_length="random")),
+    (64, 8192, 16, 576, 2048, dict(attn_sink="random")),
+    (26, 4096, 20, 512, 64, dict(kv_strided=True, invalid="hostile", duplicates=True)),
+]
+
+
+@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("s_q, s_kv, h_q, d_qk, topk, options", GROUPED_CASES)
+def test_grouped_results_match_the_reference(check_prefill, seed, monkeypatch, mode, s_q, s_kv, h_q, d_qk, topk,
+                                             options):
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, seed=seed, **options)
+    group = group_size(h_q, topk)
+    assert group > 1
+    # Half the groups overlap (they run grouped in the automatic mode), half are as drawn.
+    overlapped = with_shared_neighbours(inputs, group, 0.9, seed)
+    half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
+    inputs["indices"] = torch.where(half, overlapped["indices"], inputs["indices"]).contiguous()
+    if options.get("topk_length"):
+        inputs["topk_length"][1::group] = 0  # a token without slots inside a group
+    check_prefill(inputs, describe(seed, s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, mode=mode, **options))
+
+
+@pytest.mark.parametrize("h_q", [8, 16, 32])
+@pytest.mark.parametrize("pattern", ["realistic-glm", "realistic-dsv4"])
+def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill, seed, h_q, pattern):
+    s_q, s_kv, topk = 256, 8192, 2048
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed)
+    inputs["indices"] = realistic_indices(s_q, s_kv, topk, seed=seed, **PRESETS[pattern])
+    group = group_size(h_q, topk)
+    _, _, length = device_lists(inputs, group, MAX_UNION_RATIO)
+    context = describe(seed, pattern=pattern, h_q=h_q, group=group)
+    assert (length >= 0).float().mean().item() > 0.9, f"{context}: most groups should pay ({length.tolist()})"
+    check_prefill(inputs, context)
+
+
+def test_uniform_selections_fall_back_to_the_narrow_tile(seed):
+    inputs = make_inputs(s_q=64, s_kv=131072, h_q=16, topk=2048, seed=seed)
+    _, _, length = device_lists(inputs, group_size(16, 2048), MAX_UNION_RATIO)
+    assert (length == -1).all(), f"seed {seed}: uniform selections over 128K rows share nothing: {length.tolist()}"
+
+
+@pytest.mark.parametrize("mode", ["always", "auto"])
+def test_repeated_launches_are_bitwise_identical(prefill_fwd, seed, monkeypatch, mode):
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
+    inputs = make_inputs(s_q=517, s_kv=8192, h_q=16, topk=2048, seed=seed, duplicates=True, topk_length="random",
+                         attn_sink="random")
+    inputs = with_shared_neighbours(inputs, group_size(16, 2048), 0.9, seed)
+    first = prefill_fwd(**inputs)
+    for _ in range(5):
+        again = prefill_fwd(**inputs)
+        for name, a, b in zip(("out", "max_logits", "lse"), first, again):
+            assert torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)), (
+                f"seed {seed}, {mode}: {name} changed between launches")
+
+
+def test_grouped_calls_replay_in_a_cuda_graph(prefill_fwd, seed):
+    inputs = make_inputs(s_q=300, s_kv=8192, h_q=16, topk=2048, seed=seed, topk_length="random")
+    inputs["indices"] = realistic_indices(300, 8192, 2048, seed=seed, **PRESETS["realistic-glm"])
+    eager = prefill_fwd(**inputs)
+    out, max_logits, lse = (torch.full_like(t, float("nan")) for t in eager)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        prefill_fwd(**inputs, out=out, max_logits=max_logits, lse=lse)  # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prefill_fwd(**inputs, out=out, max_logits=max_logits, lse=lse)
+    for t in (out, max_logits, lse):
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(("out", "max_logits", "lse"), eager, (out, max_logits, lse)):
+        assert torch.equal(a, b), f"seed {seed}: the replay's {name} differs from the eager call's"
