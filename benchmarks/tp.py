@@ -15,7 +15,9 @@ CUDA events, the median). Columns:
 
     python benchmarks/tp.py --indices realistic-glm --incumbent .incumbent/sglang_q8kv8.so
 
-Writes ``tp-<indices>-<date>.json`` (GPU, date, commit, every row) under ``--out`` and prints the table.
+Writes ``tp-<indices>-<date>.json`` (GPU, date, commit, every row) under ``--out``, with matplotlib a
+``.png`` of the per-head cost beside it, and prints the table; ``--plot A.json B.json ...`` draws one chart
+with a panel per pattern.
 """
 
 from __future__ import annotations
@@ -113,6 +115,37 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict], path: pathlib.Path) -> bool:
+    """One panel per result (index pattern): per-(token, head) cost against h_q 64, a line per (s_q, s_kv).
+    False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), sharey=True, squeeze=False)
+    for ax, result in zip(axes[0], results):
+        shapes = sorted({(r["s_q"], r["s_kv"]) for r in result["rows"]})
+        for s_q, s_kv in shapes:
+            rows = [r for r in result["rows"] if (r["s_q"], r["s_kv"]) == (s_q, s_kv) and r["per_head_vs_64"]]
+            ax.plot([r["h_q"] for r in rows], [r["per_head_vs_64"] for r in rows], marker="o",
+                    label=f"{s_q} x {s_kv // 1024}K")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(HEAD_COUNTS, [str(h) for h in HEAD_COUNTS])
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_title(f"{result['indices']} ({result['commit'][:7]})", fontsize=9)
+        ax.set_xlabel("h_q (heads per rank)")
+    axes[0][0].set_ylabel("time per (token, head) / h_q 64's")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{results[0]['gpu']}, d_qk {D_QK}, topk {TOPK}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform")
@@ -122,7 +155,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
+    parser.add_argument("--plot", type=pathlib.Path, nargs="+", metavar="JSON",
+                        help="only draw the per-head chart of these JSON files (a panel each) as tp.png under --out")
     args = parser.parse_args()
+    if args.plot:
+        drawn = plot([json.loads(path.read_text()) for path in args.plot], args.out / "tp.png")
+        print(f"wrote {args.out / 'tp.png'}" if drawn else "matplotlib is not installed: no chart")
+        return
 
     dispatch = None
     if args.incumbent is not None:
@@ -146,6 +185,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"tp-{args.indices}-{now:%Y%m%d-%H%M%S}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    if plot([result], path.with_suffix(".png")):
+        print(f"wrote {path.with_suffix('.png')}")
     print(f"wrote {path}\n\n{result['gpu']}, {args.indices} indices, commit {result['commit'][:12]}")
     print(format_table(rows))
 

@@ -74,7 +74,7 @@ struct TokenGroupParams {
   const int32_t* indices;         // as PrefillParams::indices
   const int32_t* topk_length;     // as PrefillParams::topk_length
   // A group runs grouped only if its list has at most this many entries per valid slot of its rows
-  // (the narrow tile's cost per slot relative to the grouped tile's); above, group_length is -1.
+  // (about the narrow tile's cost per slot relative to the grouped tile's); above, group_length is -1.
   float max_union_ratio;
   int32_t* group_indices;
   uint8_t* group_owners;

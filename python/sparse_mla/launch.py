@@ -78,12 +78,13 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # Token groups (traits.cuh and token_groups.cuh): heads up to which the narrow tile and groups apply,
 # tokens per group at most (one owner bit each), slots per group at most (the pre-pass's hash table in
 # shared memory), and how many union entries per valid slot of its tokens a group may have and still
-# run grouped: a grouped entry costs a 64-row tile's slot, a token's slot in the narrow tile about 0.88
-# of that (measured), so above this the group's tokens run faster one by one.
+# run grouped. Measured on an H200 (benchmarks/notes/2026-12-01.md, Experiment 38): a grouped entry
+# costs about 1.16 of a 64-head token's slot, a token's slot in the narrow tile 0.88, so the union pays
+# below ~0.75 entries per slot; 0.7 leaves a margin.
 NARROW_HEADS = 32
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
-MAX_UNION_RATIO = 0.85
+MAX_UNION_RATIO = 0.7
 
 
 def group_size(h_q: int, topk: int) -> int:

@@ -189,19 +189,22 @@ struct BlockLogits {
 // maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
 // row's reference by more than the slack. Only then (the first pair of a unit, and rarely after)
 // the exact path exchanges the maxima, moves the references and writes P again.
+// (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle.)
 template <Tile TILE, int D_QK>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int buf,
-                                                 float scale_log2, ConsumerState& st) {
-  const int wg = cutlass::canonical_warp_group_idx(), c = threadIdx.x % 4;  // consumer_thread()'s
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
+                                                 int buf, float scale_log2, ConsumerState& st) {
   if constexpr (TILE == Tile::kGrouped) {
+    const ConsumerThread thread = consumer_thread();
     // The rows' tokens from shared memory, not registers: the pair loop has none to spare.
-    const int row = frag_row(threadIdx.x % 128 / 32, threadIdx.x % 32 / 4, 0);
+    const int row = frag_row(thread.warp, thread.g, 0);
     const RowMask mask = RowMask::of_rows(ss.group_valid[stage][wg][ss.row_token[row]],
-                                          ss.group_valid[stage][wg][ss.row_token[row + 8]], c);
-    return softmax_to_probs(ss, BlockLogits<RowMask>{s, mask, scale_log2}, mask.valid == ~0u, buf, st);
+                                          ss.group_valid[stage][wg][ss.row_token[row + 8]], thread.c);
+    return softmax_to_probs(ss, BlockLogits<RowMask>{s, mask, scale_log2}, mask.valid == ~0u, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
-    return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * c)}, scale_log2}, valid_bits == ~0ull, buf, st);
+    const ConsumerThread thread = consumer_thread();
+    return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},
+                            valid_bits == ~0ull, buf, thread, st);
   }
 }
 
@@ -209,8 +212,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 // no masking).
 template <int D_QK, typename Mask>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const BlockLogits<Mask>& logits, bool all_valid,
-                                                 int buf, ConsumerState& st) {
-  const auto [wg, warp, lane, g, c] = consumer_thread();
+                                                 int buf, const ConsumerThread& thread, ConsumerState& st) {
+  const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
 
@@ -306,7 +309,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, 0, scale_log2, st);
+  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
@@ -355,7 +358,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, buf ^ 1, scale_log2, st);
+    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);

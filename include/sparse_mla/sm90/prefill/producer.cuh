@@ -76,9 +76,13 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const bool valid = rows[k] < num_heads;
-      const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, valid ? rows[k] : 0);
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
-                           (valid ? static_cast<int64_t>(token_head.y) * params.q_stride_h : 0) + chunk * 16;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
+                           (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
+      if constexpr (TILE == Tile::kGrouped) {  // row r: head r % h_q of token q_row + r / h_q
+        const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, valid ? rows[k] : 0);
+        src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
+              static_cast<int64_t>(token_head.y) * params.q_stride_h + chunk * 16;
+      }
 #pragma unroll
       for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
     }

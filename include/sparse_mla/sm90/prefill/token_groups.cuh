@@ -27,8 +27,9 @@
 
 namespace sparse_mla::sm90::prefill {
 
-constexpr int GROUP_THREADS = 1024;
-// G * TOPK at most: the hash table holds twice that many 6-byte entries in shared memory (192 KB).
+constexpr int GROUP_THREADS = 512;
+// G * TOPK at most: the hash table holds twice that many 6-byte entries in shared memory (192 KB),
+// beside 2 bytes per slot.
 constexpr int MAX_GROUP_SLOTS = 16384;
 constexpr uint32_t EMPTY_KEY = 0xffffffffu;  // no valid index is: s_kv <= INT32_MAX
 
@@ -38,112 +39,143 @@ __host__ __device__ constexpr int group_table_log2(int slots) {
   while ((1 << log2) < 2 * slots) ++log2;
   return log2;
 }
+// Shared memory of a group's CTA: keys, 2-byte flags, each slot's 2-byte entry, the warps' counts.
 __host__ __device__ constexpr int group_table_bytes(int slots) {
-  return (1 << group_table_log2(slots)) * 6 + 32 * 4;  // keys, 2-byte flags, the scan's warp sums
+  return (1 << group_table_log2(slots)) * 6 + (slots + (slots & 1)) * 2 + (GROUP_THREADS / 32) * 4;
 }
 static_assert(group_table_bytes(MAX_GROUP_SLOTS) <= SHARED_MEMORY_PER_BLOCK, "the largest table fits");
 
-// The exclusive prefix sum of `value` over the CTA's threads in thread order, and the total.
-__device__ __forceinline__ uint32_t exclusive_scan(uint32_t value, uint32_t* warp_sums, uint32_t& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint32_t inclusive = value;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += up;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t sum = warp_sums[lane];
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const uint32_t up = __shfl_up_sync(0xffffffffu, sum, d);
-      if (lane >= d) sum += up;
-    }
-    warp_sums[lane] = sum;  // inclusive over warps
-  }
-  __syncthreads();
-  total = warp_sums[GROUP_THREADS / 32 - 1];
-  return inclusive - value + (warp > 0 ? warp_sums[warp - 1] : 0u);
-}
-
-// One CTA per group. Thread i takes the group's slots [i * per, (i + 1) * per) in (token, slot) order.
+// One CTA per group. Warp w takes a contiguous range of the group's slots in (token, slot) order,
+// its lanes consecutive slots, so that index loads and list stores are coalesced and a ballot gives
+// each entry its place. A thread's shared-memory round trips (probe, claim, owner bits) are issued for
+// a batch of slots before any result is used, and two CTAs share an SM where the table allows.
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
 template <int TOPK>
-__global__ void __launch_bounds__(GROUP_THREADS, 1) prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
-  constexpr int MAX_PER = (MAX_GROUP_SLOTS + GROUP_THREADS - 1) / GROUP_THREADS;
-  constexpr uint32_t NO_ENTRY = 0xffffffffu;
+__global__ void __launch_bounds__(GROUP_THREADS, 2) prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
+  constexpr int WARPS = GROUP_THREADS / 32;
+  constexpr int BATCH = 8;                  // slots per lane in flight
+  constexpr uint16_t NO_ENTRY = 0xffffu;   // an invalid slot (table entries are < 2^15)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group_size = p.group_size;
   const int slots = group_size * TOPK;
   const int table_log2 = group_table_log2(slots);
   const uint32_t table_mask = (1u << table_log2) - 1;
   extern __shared__ uint32_t table[];
-  uint32_t* keys = table;                                  // the kv row, or EMPTY_KEY
+  uint32_t* keys = table;                                                   // the kv row, or EMPTY_KEY
   uint16_t* flags = reinterpret_cast<uint16_t*>(keys + (1 << table_log2));  // owners | owners with duplicates << 8
-  uint32_t* warp_sums = keys + (1 << table_log2) + (1 << table_log2) / 2;
+  uint16_t* slot_entry = flags + (1 << table_log2);                         // each slot's entry, or NO_ENTRY
+  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(slot_entry + slots + (slots & 1));
+
   for (int e = threadIdx.x; e < (1 << table_log2); e += GROUP_THREADS) {
     keys[e] = EMPTY_KEY;
     flags[e] = 0;
   }
   __syncthreads();
 
-  // Insert every valid slot; a token that meets its own bit again has the row more than once.
   const int first_token = blockIdx.x * group_size;
-  const int per = (slots + GROUP_THREADS - 1) / GROUP_THREADS;
-  uint32_t entry[MAX_PER];  // the slot's table entry, NO_ENTRY for an invalid slot
+  const int per_warp = ((slots + WARPS - 1) / WARPS + 31) / 32 * 32;
+  const int begin = warp * per_warp, end = min(begin + per_warp, slots);
+
+  // Insert every valid slot (a read first: most rows are already in, selected by a neighbour); a
+  // token that meets its own bit again has the row more than once.
+  for (int batch = begin; batch < end; batch += 32 * BATCH) {
+    int32_t index[BATCH];
+    uint32_t e[BATCH];
+    bool placed[BATCH];
 #pragma unroll
-  for (int i = 0; i < MAX_PER; ++i) {
-    entry[i] = NO_ENTRY;
-    const int slot = threadIdx.x * per + i;
-    if (i >= per || slot >= slots) continue;
-    const int t = slot / TOPK, j = slot - t * TOPK;
-    const int token = first_token + t;
-    if (token >= p.s_q) continue;
-    const int length = p.topk_length == nullptr ? TOPK : min(max(__ldg(p.topk_length + token), 0), TOPK);
-    if (j >= length) continue;
-    const int32_t index = __ldg(p.indices + static_cast<int64_t>(token) * TOPK + j);
-    if (index < 0 || index >= p.s_kv) continue;
-    uint32_t e = (static_cast<uint32_t>(index) * 2654435761u) >> (32 - table_log2);
-    for (;;) {
-      const uint32_t old = atomicCAS(keys + e, EMPTY_KEY, static_cast<uint32_t>(index));
-      if (old == EMPTY_KEY || old == static_cast<uint32_t>(index)) break;
-      e = (e + 1) & table_mask;
+    for (int i = 0; i < BATCH; ++i) {
+      const int slot = batch + 32 * i + lane, t = slot / TOPK, j = slot - t * TOPK;
+      const int token = first_token + t;
+      index[i] = -1;
+      if (slot < end && token < p.s_q) {
+        const int length = p.topk_length == nullptr ? TOPK : min(max(__ldg(p.topk_length + token), 0), TOPK);
+        if (j < length) index[i] = __ldg(p.indices + static_cast<int64_t>(token) * TOPK + j);
+      }
     }
-    uint32_t* word = reinterpret_cast<uint32_t*>(flags) + e / 2;
-    const int shift = 16 * (e & 1);
-    const uint32_t before = atomicOr(word, (1u << t) << shift);
-    if ((before >> shift) & (1u << t)) atomicOr(word, (1u << (8 + t)) << shift);
-    entry[i] = e;
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      placed[i] = index[i] < 0 || index[i] >= p.s_kv;  // an invalid slot has no entry
+      e[i] = (static_cast<uint32_t>(index[i]) * 2654435761u) >> (32 - table_log2);
+    }
+    for (bool searching = true; searching;) {
+      uint32_t found[BATCH];
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) found[i] = placed[i] ? 0u : keys[e[i]];
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        if (!placed[i] && found[i] == EMPTY_KEY) found[i] = atomicCAS(keys + e[i], EMPTY_KEY, static_cast<uint32_t>(index[i]));
+      }
+      searching = false;
+#pragma unroll
+      for (int i = 0; i < BATCH; ++i) {
+        if (placed[i]) continue;
+        if (found[i] == EMPTY_KEY || found[i] == static_cast<uint32_t>(index[i])) {
+          placed[i] = true;
+        } else {
+          e[i] = (e[i] + 1) & table_mask;
+          searching = true;
+        }
+      }
+    }
+    uint32_t before[BATCH];
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int slot = batch + 32 * i + lane, t = slot / TOPK;
+      const bool valid = slot < end && index[i] >= 0 && index[i] < p.s_kv;
+      before[i] = valid ? atomicOr(reinterpret_cast<uint32_t*>(flags) + e[i] / 2, (1u << t) << (16 * (e[i] & 1))) : 0u;
+      if (slot < end) slot_entry[slot] = valid ? static_cast<uint16_t>(e[i]) : NO_ENTRY;
+    }
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int t = (batch + 32 * i + lane) / TOPK, shift = 16 * (e[i] & 1);
+      if ((before[i] >> shift) & (1u << t)) atomicOr(reinterpret_cast<uint32_t*>(flags) + e[i] / 2, (1u << (8 + t)) << shift);
+    }
   }
   __syncthreads();
 
   // Which slots make an entry of the list: a duplicated row's every occurrence, for its token alone;
-  // otherwise, once per row, the slot of the lowest token among those that selected it once.
-  uint32_t emit = 0, valid = 0;
-  uint8_t owners[MAX_PER];
-#pragma unroll
-  for (int i = 0; i < MAX_PER; ++i) {
-    owners[i] = 0;
-    if (entry[i] == NO_ENTRY) continue;
-    const int t = (threadIdx.x * per + i) / TOPK;
-    const uint32_t f = flags[entry[i]];
+  // otherwise, once per row, the slot of the lowest token among those that selected it once. Counted
+  // per warp, the warps' counts scanned, then each entry written at its place.
+  const auto owner_of = [&](int slot) -> uint32_t {
+    if (slot >= end) return 0u;
+    const uint32_t e = slot_entry[slot];
+    if (e == NO_ENTRY) return 0u;
+    const int t = slot / TOPK;
+    const uint32_t f = flags[e];
     const uint32_t once = (f & 0xffu) & ~(f >> 8);
-    if ((f >> (8 + t)) & 1u) owners[i] = static_cast<uint8_t>(1u << t);
-    else if (__ffs(once) - 1 == t) owners[i] = static_cast<uint8_t>(once);
-    emit += owners[i] != 0;
-    ++valid;
+    if ((f >> (8 + t)) & 1u) return 1u << t;
+    return __ffs(once) - 1 == t ? once : 0u;
+  };
+  uint32_t emit = 0, valid = 0;
+#pragma unroll 4
+  for (int slot = begin + lane; slot < end; slot += 32) {
+    emit += owner_of(slot) != 0;
+    valid += slot_entry[slot] != NO_ENTRY;
   }
-  // Both counts in one scan: each is at most MAX_GROUP_SLOTS < 2^16 per group.
-  uint32_t total;
-  uint32_t at = exclusive_scan(emit | (valid << 16), warp_sums, total) & 0xffffu;
-  const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
 #pragma unroll
-  for (int i = 0; i < MAX_PER; ++i) {
-    if (owners[i] == 0) continue;
-    p.group_indices[list + at] = static_cast<int32_t>(keys[entry[i]]);
-    p.group_owners[list + at] = owners[i];
-    ++at;
+  for (int d = 16; d > 0; d /= 2) {
+    emit += __shfl_xor_sync(0xffffffffu, emit, d);
+    valid += __shfl_xor_sync(0xffffffffu, valid, d);
+  }
+  if (lane == 0) warp_sums[warp] = emit | (valid << 16);  // each at most MAX_GROUP_SLOTS < 2^16
+  __syncthreads();
+  uint32_t at = 0, total = 0;
+  for (int w = 0; w < WARPS; ++w) {
+    const uint32_t sums = warp_sums[w];
+    at += w < warp ? sums & 0xffffu : 0u;
+    total += sums;
+  }
+  const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
+  for (int base = begin; base < end; base += 32) {
+    const int slot = base + lane;
+    const uint32_t owner = owner_of(slot);
+    const uint32_t ballot = __ballot_sync(0xffffffffu, owner != 0);
+    if (owner != 0) {
+      const uint32_t place = at + __popc(ballot & ((1u << lane) - 1));
+      p.group_indices[list + place] = static_cast<int32_t>(keys[slot_entry[slot]]);
+      p.group_owners[list + place] = static_cast<uint8_t>(owner);
+    }
+    at += __popc(ballot);
   }
   if (threadIdx.x == 0) {
     const uint32_t entries = total & 0xffffu, valid_slots = total >> 16;

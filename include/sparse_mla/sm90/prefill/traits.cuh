@@ -87,11 +87,6 @@ struct SharedStorage {
   float head_max[2][4][NARROW_HEADS];  // narrow tile: per consumer and warp, a head's max (exact path, epilogue)
   float head_sum[2][4][NARROW_HEADS];  // narrow tile epilogue: per consumer and warp, a head's sum
   float head_reference[NARROW_HEADS];  // narrow tile epilogue: each head's reference
-  uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]: row r of
-                                                  // the block is a valid slot of the group's token t
-  uint8_t row_token[B_H];   // token groups: the token t of each tile row (clamped to the group's last
-                            // for rows past the group's, which are zero in Q and never stored); written
-                            // before the kernel's first __syncthreads, read-only after
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done
@@ -100,6 +95,12 @@ struct SharedStorage {
                                          // (KV_FULL_ARRIVALS)
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
+  // Token groups' members last, so that the other members keep their offsets in every tile's code.
+  uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]: row r of
+                                                  // the block is a valid slot of the group's token t
+  uint8_t row_token[B_H];   // token groups: the token t of each tile row (clamped to the group's last
+                            // for rows past the group's, which are zero in Q and never stored); written
+                            // before the kernel's first __syncthreads, read-only after
 };
 
 // Arrivals that complete q_full and kv_full: one per producer thread, once its copies landed and were
