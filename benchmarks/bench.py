@@ -12,6 +12,7 @@ also checked against the reference on its first 16 query rows, so a number from 
     python benchmarks/bench.py --plot benchmarks/results/bench-uniform-20261130-120000.json
     python benchmarks/bench.py --from benchmarks/results/bench-uniform-20261130-120000.json   # compare a saved run
     python benchmarks/bench.py --incumbent .incumbent/sglang_q8kv8.so --save-baseline        # a new baseline
+    python benchmarks/bench.py --table tp --indices realistic-glm   # head counts per tensor-parallel rank (tp.py)
 
 ``--incumbent`` loads a tvm-ffi build of the incumbent FP8 kernel (sglang's SM90 Q8KV8 sparse prefill,
 its ``dispatch`` function) and times it on the same inputs call by call in turn with ours, so the
@@ -80,6 +81,8 @@ INDEX_PATTERNS = ("uniform", "realistic-glm", "realistic-dsv4")
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", choices=("main", "tp"), default="main",
+                        help="main: this table; tp: benchmarks/tp.py's head counts per tensor-parallel rank")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK} of the table")
     parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform",
                         help="uniform random (the published protocol) or a realistic_indices preset")
@@ -335,7 +338,19 @@ def git_commit() -> str:
     return f"{commit}-dirty" if dirty else commit
 
 
+TABLES = ("main", "tp")  # --table tp: the tensor-parallel head-count table of benchmarks/tp.py
+
+
 def main() -> None:
+    argv = sys.argv[1:]
+    table = argv[argv.index("--table") + 1] if "--table" in argv[:-1] else "main"
+    if table not in TABLES:
+        sys.exit(f"--table must be one of {', '.join(TABLES)}, got {table!r}")
+    if table == "tp":  # its own options (benchmarks/tp.py --help)
+        import tp
+
+        tp.main([a for i, a in enumerate(argv) if a != "--table" and (i == 0 or argv[i - 1] != "--table")])
+        return
     args = parse_args()
     if args.plot is not None:
         png = args.plot.with_suffix(".png")

@@ -14,6 +14,7 @@ CUDA events, the median). Columns:
   64, and serving engines pad to call it), timed call by call in turn with ours, and the ratio.
 
     python benchmarks/tp.py --indices realistic-glm --incumbent .incumbent/sglang_q8kv8.so
+    python benchmarks/bench.py --table tp --indices realistic-glm    # the same
 
 Writes ``tp-<indices>-<date>.json`` (GPU, date, commit, every row) under ``--out``, with matplotlib a
 ``.png`` of the per-head cost beside it, and prints the table; ``--plot A.json B.json ...`` draws one chart
@@ -146,7 +147,7 @@ def plot(results: list[dict], path: pathlib.Path) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform")
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO",
@@ -157,7 +158,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
     parser.add_argument("--plot", type=pathlib.Path, nargs="+", metavar="JSON",
                         help="only draw the per-head chart of these JSON files (a panel each) as tp.png under --out")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.plot:
         drawn = plot([json.loads(path.read_text()) for path in args.plot], args.out / "tp.png")
         print(f"wrote {args.out / 'tp.png'}" if drawn else "matplotlib is not installed: no chart")
@@ -178,7 +179,7 @@ def main() -> None:
     per_head_cost(rows)
     now = datetime.datetime.now()
     result = dict(gpu=torch.cuda.get_device_name(), date=now.isoformat(timespec="seconds"), commit=git_commit(),
-                  torch=torch.__version__, indices=args.indices, command=" ".join(["python", "benchmarks/tp.py"] + sys.argv[1:]),
+                  torch=torch.__version__, indices=args.indices, command=" ".join(["python", "benchmarks/tp.py"] + (sys.argv[1:] if argv is None else argv)),
                   protocol=f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
                            + ("; incumbent on q padded to 64 heads, timed call by call in turn" if dispatch else ""),
                   rows=rows)

@@ -60,7 +60,8 @@ def sparse_mla_q8kv8_prefill_fwd(
             and returned.
         batch_invariant: ``True``: each row's outputs are bitwise the same whatever else the call holds
             (s_q, the row's position, the other rows' indices); this turns off the tail split, which
-            sums the rows of a short call's last round in parts. ``False``: the default mode, which is
+            sums the rows of a short call's last round in parts, and (h_q <= 32) the token groups, which
+            compute a row with its neighbours' union of selections. ``False``: the default mode, which is
             run-to-run deterministic but not batch-invariant. ``None`` (the default): ``True`` when the
             environment variable ``SPARSE_MLA_BATCH_INVARIANT=1`` is set.
 
@@ -80,7 +81,9 @@ def sparse_mla_q8kv8_prefill_fwd(
     ``python -m sparse_mla prebuild`` compiles it ahead of time. The call does not synchronize the
     device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile. A short call
     (at most 8 rounds of 64-head work items over the SMs, outside the batch-invariant mode) takes a
-    scratch workspace of at most 135 KB per SM from torch's caching allocator on the current stream.
+    scratch workspace of at most 135 KB per SM from torch's caching allocator on the current stream;
+    with at most 32 heads, so do the token groups' lists (5 bytes per slot of ``indices``), see
+    :mod:`sparse_mla.launch`.
     """
     validate_prefill_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse

@@ -1,0 +1,52 @@
+"""Where a token-grouped call's time goes: the pre-pass alone, then the call with token groups off
+(the narrow tile), automatic, and on for every group, at s_q 4096 x s_kv 32K, topk 2048, d_qk 576,
+h_q 8 / 16 / 32, realistic-glm and uniform indices (L2 flushed, median of 20 calls).
+
+    python benchmarks/experiments/token_groups/probe.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparse_mla.jit import KernelKey, get_module
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
+from sparse_mla.launch import MAX_UNION_RATIO, group_size, launch
+from sparse_mla.testing import PRESETS, make_inputs, median_time_ms, poisoned_outputs, realistic_indices
+
+S_Q, S_KV, D_QK, TOPK = 4096, 32768, 576, 2048
+
+
+def main() -> None:
+    module = get_module(KernelKey(D_QK, TOPK))
+    pre_pass = getattr(module, TOKEN_GROUPS_FUNCTION)
+    for pattern in ("realistic-glm", "uniform"):
+        for h_q in (8, 16, 32):
+            inputs = make_inputs(S_Q, S_KV, h_q, D_QK, TOPK, seed=0)
+            if pattern != "uniform":
+                inputs["indices"] = realistic_indices(S_Q, S_KV, TOPK, seed=0, **PRESETS[pattern])
+            group = group_size(h_q, TOPK)
+            groups = (S_Q + group - 1) // group
+            lists = (torch.empty(groups, group * TOPK, dtype=torch.int32, device="cuda"),
+                     torch.empty(groups, group * TOPK, dtype=torch.uint8, device="cuda"),
+                     torch.empty(groups, dtype=torch.int32, device="cuda"))
+            pre_ms = median_time_ms(
+                lambda: pre_pass(inputs["indices"], None, S_KV, h_q, group, MAX_UNION_RATIO, *lists), iters=20, warmup=3)
+            outputs = poisoned_outputs(S_Q, h_q)
+
+            def call(mode: str):
+                return lambda: launch(inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"],
+                                      inputs["kv_scale"], None, None, outputs["out"], outputs["max_logits"],
+                                      outputs["lse"], inputs["sm_scale"], False, token_groups=mode)
+
+            times = {mode: median_time_ms(call(mode), iters=20, warmup=3) for mode in ("never", "auto", "always")}
+            length = lists[2]
+            paying = int((length >= 0).sum())
+            entries = int(length.clamp(min=0).sum()) / max(1, paying)
+            print(f"{pattern:14s} h_q {h_q:2d} G {group}: pre-pass {pre_ms:.3f} ms; never {times['never']:.3f} "
+                  f"auto {times['auto']:.3f} always {times['always']:.3f}; groups paying {paying / groups:.2f}, "
+                  f"entries/group {entries:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
