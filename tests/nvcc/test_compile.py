@@ -1,6 +1,6 @@
 """Compile the real kernel for sm_90a with no GPU, through the prebuild command (the JIT's own code):
 two kernels compiled side by side each get their own build log, ptxas reports no spills and no stack
-frame, an entry holds the documented files only, a second prebuild compiles nothing, and a fresh
+frame (the grouped tile: a bounded few bytes), an entry holds the documented files only, a second prebuild compiles nothing, and a fresh
 process with the JIT disabled and no compiler on PATH loads the prebuilt module."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ if env.cuda_home() is None:
 
 # The production shapes, and a ragged topk that exercises the masked tail.
 KEYS = [KernelKey(576, 2048), KernelKey(512, 512), KernelKey(576, 100)]
+GROUPED_TILE_SPILL_BYTES = 68  # stack frame, spill stores and loads of the grouped tile, each at most (topk 100)
 
 
 def prebuild(cache_dir, *args):
@@ -49,11 +50,18 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     assert "-gencode=arch=compute_90a,code=sm_90a" in log
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert kernels, log
-    # Only this key's instantiation (the template arguments are mangled as Li<value>E).
-    assert all(f"Li{key.d_qk}E" in k and f"Li{key.topk}E" in k for k in kernels), kernels
+    # Only this key's instantiation (the template arguments are mangled as Li<value>E; the token
+    # groups' pre-pass depends on topk alone).
+    assert all((f"Li{key.d_qk}E" in k or "token_groups" in k) and f"Li{key.topk}E" in k for k in kernels), kernels
     assert f"{key.name}.cu" in log and all(other.name not in log for other in KEYS if other != key)
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert frames and all(values == ("0", "0", "0") for values in frames), frames
+    # ptxas reports each kernel's frame right after its "Compiling entry function" line.
+    frames = dict(zip(kernels, re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)))
+    assert len(frames) == len(kernels), log
+    for kernel, values in frames.items():
+        # The grouped tile (Tile::kGrouped, mangled TileE2) spills a few registers at the softmax: a
+        # known cost (benchmarks/notes/2026-12-01.md, Experiment 38), bounded here so that it cannot grow.
+        limit = GROUPED_TILE_SPILL_BYTES if "TileE2E" in kernel else 0
+        assert all(int(v) <= limit for v in values), (kernel, values)
 
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
