@@ -142,6 +142,8 @@ def launch(
         module = get_module(_kernel_key(q.shape[2], topk))
     s_q, h_q, _ = q.shape
     mode = env.token_groups() if token_groups is None else token_groups
+    if mode not in env.TOKEN_GROUP_MODES:
+        raise ValueError(f"token_groups must be one of {', '.join(env.TOKEN_GROUP_MODES)}, got {mode!r}")
     group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
     if group > 1:
         _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
