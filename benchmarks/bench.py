@@ -79,9 +79,12 @@ QUICK = (0, 5, 6)  # one of each regime: h_q 128 at 8K, small s_q, d_qk 512 / to
 INDEX_PATTERNS = ("uniform", "realistic-glm", "realistic-dsv4")
 
 
+TABLES = ("main", "tp")  # --table tp: the tensor-parallel head-count table of benchmarks/tp.py
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=("main", "tp"), default="main",
+    parser.add_argument("--table", choices=TABLES, default="main",
                         help="main: this table; tp: benchmarks/tp.py's head counts per tensor-parallel rank")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK} of the table")
     parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform",
@@ -338,18 +341,14 @@ def git_commit() -> str:
     return f"{commit}-dirty" if dirty else commit
 
 
-TABLES = ("main", "tp")  # --table tp: the tensor-parallel head-count table of benchmarks/tp.py
-
-
 def main() -> None:
-    argv = sys.argv[1:]
-    table = argv[argv.index("--table") + 1] if "--table" in argv[:-1] else "main"
-    if table not in TABLES:
-        sys.exit(f"--table must be one of {', '.join(TABLES)}, got {table!r}")
-    if table == "tp":  # its own options (benchmarks/tp.py --help)
+    table = argparse.ArgumentParser(add_help=False)
+    table.add_argument("--table", choices=TABLES, default="main")
+    chosen, rest = table.parse_known_args()
+    if chosen.table == "tp":  # its own options (benchmarks/tp.py --help)
         import tp
 
-        tp.main([a for i, a in enumerate(argv) if a != "--table" and (i == 0 or argv[i - 1] != "--table")])
+        tp.main(rest)
         return
     args = parse_args()
     if args.plot is not None:

@@ -115,7 +115,7 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 // 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
 // group_indices int32 and group_owners uint8 [ceil(s_q / G), G * TOPK], group_length int32 [ceil(s_q / G)].
 template <int TOPK>
-int64_t check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
+void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
                            const ffi::Optional<ffi::TensorView>& group_indices,
                            const ffi::Optional<ffi::TensorView>& group_owners,
                            const ffi::Optional<ffi::TensorView>& group_length) {
@@ -129,7 +129,7 @@ int64_t check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const D
                               << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
                               << " rows and " << MAX_GROUP_SLOTS << " slots, each list given, or 1 and none)";
   }
-  if (!groups) return 0;
+  if (!groups) return;
   const int64_t n_groups = (s_q + group_size - 1) / group_size;
   check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
   check_contiguous(*group_indices, "group_indices");
@@ -137,7 +137,18 @@ int64_t check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const D
   check_contiguous(*group_owners, "group_owners");
   check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
   check_contiguous(*group_length, "group_length");
-  return n_groups;
+}
+
+// The selections: indices [s_q, 1, TOPK] int32 (s_q -1: any), contiguous; topk_length [s_q] int32 or None.
+template <int TOPK>
+void check_selections(const ffi::TensorView& indices, const ffi::Optional<ffi::TensorView>& topk_length,
+                      const DLDevice& device, int64_t s_q) {
+  check_tensor(indices, "indices", device, kDLInt, 32, {s_q, 1, TOPK});
+  check_contiguous(indices, "indices");
+  if (topk_length.has_value()) {
+    check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {indices.size(0)});
+    check_contiguous(*topk_length, "topk_length");
+  }
 }
 
 }  // namespace detail
@@ -169,8 +180,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   const int64_t s_q = q.size(0), h_q = q.size(1);
   check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
   const int64_t s_kv = kv.size(0);
-  check_tensor(indices, "indices", device, kDLInt, 32, {s_q, 1, TOPK});
-  detail::check_contiguous(indices, "indices");
+  detail::check_selections<TOPK>(indices, topk_length, device, s_q);
   check_tensor(q_scale, "q_scale", device, kDLFloat, 32, {1});
   check_tensor(kv_scale, "kv_scale", device, kDLFloat, 32, {1});
   check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, D_V});
@@ -182,10 +192,6 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   if (attn_sink.has_value()) {
     check_tensor(*attn_sink, "attn_sink", device, kDLFloat, 32, {h_q});
     detail::check_contiguous(*attn_sink, "attn_sink");
-  }
-  if (topk_length.has_value()) {
-    check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
-    detail::check_contiguous(*topk_length, "topk_length");
   }
   // The kernel counts work items (query token, 64-head block) and units in int, with room for its
   // CTA stride.
@@ -277,13 +283,8 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
   using detail::check_tensor;
   const DLDevice device = indices.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
-  check_tensor(indices, "indices", device, kDLInt, 32, {-1, 1, TOPK});
-  detail::check_contiguous(indices, "indices");
+  detail::check_selections<TOPK>(indices, topk_length, device, -1);
   const int64_t s_q = indices.size(0);
-  if (topk_length.has_value()) {
-    check_tensor(*topk_length, "topk_length", device, kDLInt, 32, {s_q});
-    detail::check_contiguous(*topk_length, "topk_length");
-  }
   if (group_size < 2 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || !(max_union_ratio >= 0)) {
     TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
                               << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;

@@ -147,7 +147,7 @@ def launch(
     group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
     if group > 1:
         _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                             sm_scale, group, float("inf") if mode == "always" else MAX_UNION_RATIO)
+                             sm_scale, group, every_group=mode == "always")
         return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
     split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)
@@ -187,19 +187,20 @@ def _scalar(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                         sm_scale: float, group: int, max_union_ratio: float) -> None:
-    """The pre-pass, then the grouped launch and the launch of the other groups' tokens (no tail split).
-    The lists are per call, from torch's caching allocator on the current stream (CUDA-graph safe)."""
+                         sm_scale: float, group: int, every_group: bool) -> None:
+    """The pre-pass, then the grouped launch and (unless every group runs grouped) the launch of the other
+    groups' tokens, without a tail split. The lists are per call, from torch's caching allocator on the
+    current stream (CUDA-graph safe)."""
     s_q, h_q, _ = q.shape
     topk = indices.shape[2]
     groups = (s_q + group - 1) // group
     group_indices = q.new_empty((groups, group * topk), dtype=torch.int32)
     group_owners = q.new_empty((groups, group * topk), dtype=torch.uint8)
     group_length = q.new_empty((groups,), dtype=torch.int32)
-    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, max_union_ratio,
+    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group,
+                                           float("inf") if every_group else MAX_UNION_RATIO,
                                            group_indices, group_owners, group_length)
-    launches = (True,) if max_union_ratio == float("inf") else (True, False)
-    for grouped in launches:
+    for grouped in (True,) if every_group else (True, False):
         getattr(module, ENTRY_FUNCTION)(
             q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length, out, max_logits, lse,
             sm_scale, s_q, 1, None, None, group, group_indices, group_owners, group_length, grouped,
