@@ -80,11 +80,15 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # shared memory), and how many union entries per valid slot of its tokens a group may have and still
 # run grouped. Measured on an H200 (benchmarks/notes/2026-12-01.md, Experiment 38): a grouped entry
 # costs about 1.16 of a 64-head token's slot, a token's slot in the narrow tile 0.88, so the union pays
-# below ~0.75 entries per slot; 0.7 leaves a margin.
+# below ~0.75 entries per slot; 0.7 leaves a margin. Where the kv rows outgrow the L2 cache, a group
+# reads each of its rows from DRAM, while the narrow tile's neighbouring tokens, in flight together,
+# share the rows they both selected in L2: at s_kv 128K (75 MB of rows, the H200's L2 50 MB) a grouped
+# entry cost 1.7 narrow slots, so the union pays below ~0.59, less the pre-pass: 0.55.
 NARROW_HEADS = 32
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
 MAX_UNION_RATIO = 0.7
+MAX_UNION_RATIO_COLD = 0.55
 
 
 def group_size(h_q: int, topk: int) -> int:
@@ -95,15 +99,25 @@ def group_size(h_q: int, topk: int) -> int:
     return size if size >= 2 else 1
 
 
-# SM count per device index, read once (the split plan needs it on every call).
-_NUM_SMS: dict[int, int] = {}
+def max_union_ratio(kv_row_bytes: int, s_kv: int, l2_bytes: int) -> float:
+    """Entries per valid slot up to which a group runs grouped: lower where the kv rows do not fit L2."""
+    return MAX_UNION_RATIO if s_kv * kv_row_bytes <= l2_bytes else MAX_UNION_RATIO_COLD
+
+
+# SM count and L2 bytes per device index, read once (the launch plan needs them on every call).
+_DEVICE_FACTS: dict[int, tuple[int, int]] = {}
+
+
+def _device_facts(index: int) -> tuple[int, int]:
+    facts = _DEVICE_FACTS.get(index)
+    if facts is None:
+        props = torch.cuda.get_device_properties(index)
+        facts = _DEVICE_FACTS.setdefault(index, (props.multi_processor_count, props.L2_cache_size))
+    return facts
 
 
 def num_sms(index: int) -> int:
-    count = _NUM_SMS.get(index)
-    if count is None:
-        count = _NUM_SMS.setdefault(index, torch.cuda.get_device_properties(index).multi_processor_count)
-    return count
+    return _device_facts(index)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,7 +161,7 @@ def launch(
     group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
     if group > 1:
         _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                             sm_scale, group, every_group=mode == "always")
+                             sm_scale, group, every_group=mode == "always", l2_bytes=_device_facts(device_index)[1])
         return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
     split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)
@@ -187,7 +201,7 @@ def _scalar(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                         sm_scale: float, group: int, every_group: bool) -> None:
+                         sm_scale: float, group: int, every_group: bool, l2_bytes: int) -> None:
     """The pre-pass, then the grouped launch and (unless every group runs grouped) the launch of the other
     groups' tokens, without a tail split. The lists are per call, from torch's caching allocator on the
     current stream (CUDA-graph safe)."""
@@ -197,8 +211,8 @@ def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, t
     group_indices = q.new_empty((groups, group * topk), dtype=torch.int32)
     group_owners = q.new_empty((groups, group * topk), dtype=torch.uint8)
     group_length = q.new_empty((groups,), dtype=torch.int32)
-    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group,
-                                           float("inf") if every_group else MAX_UNION_RATIO,
+    ratio = float("inf") if every_group else max_union_ratio(kv.shape[-1] * kv.element_size(), kv.shape[0], l2_bytes)
+    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio,
                                            group_indices, group_owners, group_length)
     for grouped in (True,) if every_group else (True, False):
         getattr(module, ENTRY_FUNCTION)(

@@ -99,6 +99,8 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
         for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
                                                                  group, ratio)):
             assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
+            if length < 0:
+                continue  # a group that falls back writes no list (ratio inf checks every group's)
             n = len(entries)
             assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
             assert got_owners[k, :n].tolist() == owners, f"{context}, ratio {ratio}: group {k} owners"

@@ -39,149 +39,173 @@ __host__ __device__ constexpr int group_table_log2(int slots) {
   while ((1 << log2) < 2 * slots) ++log2;
   return log2;
 }
-// Shared memory of a group's CTA: keys, 2-byte flags, each slot's 2-byte entry, the warps' counts.
+// Shared memory of a group's CTA: keys, 2-byte flags, each slot's 2-byte entry, the warps' counts, the
+// tokens' lengths.
 __host__ __device__ constexpr int group_table_bytes(int slots) {
-  return (1 << group_table_log2(slots)) * 6 + (slots + (slots & 1)) * 2 + (GROUP_THREADS / 32) * 4;
+  return (1 << group_table_log2(slots)) * 6 + (slots + (slots & 1)) * 2 + (GROUP_THREADS / 32) * 4 + MAX_GROUP * 4;
 }
 static_assert(group_table_bytes(MAX_GROUP_SLOTS) <= SHARED_MEMORY_PER_BLOCK, "the largest table fits");
 
-// One CTA per group. Warp w takes a contiguous range of the group's slots in (token, slot) order,
-// its lanes consecutive slots, so that index loads and list stores are coalesced and a ballot gives
-// each entry its place. A thread's shared-memory round trips (probe, claim, owner bits) are issued for
-// a batch of slots before any result is used, and two CTAs share an SM where the table allows.
+// One CTA per group; two share an SM where the table allows. Warp w takes a contiguous range of the
+// group's slots in (token, slot) order, its lanes consecutive slots (row r of the warp: 32 slots),
+// so that index loads and list stores are coalesced and a ballot gives each entry its place. The
+// work per slot is kept to a few instructions, since the pass is bound by their issue: every index
+// load is in flight while the table is cleared, a row's first probe and claim are issued for a batch
+// of rows before any result is used (only a collision walks on, alone), and a group that falls back
+// writes no list.
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
 template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, 2) prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32;
-  constexpr int BATCH = 8;                  // slots per lane in flight
-  constexpr uint16_t NO_ENTRY = 0xffffu;   // an invalid slot (table entries are < 2^15)
+  constexpr int ROWS = MAX_GROUP_SLOTS / GROUP_THREADS;  // a warp's rows of 32 slots, at most
+  // Rows whose round trips are in flight together (fewer where slot / TOPK is not a shift: registers).
+  constexpr int BATCH = (TOPK & (TOPK - 1)) == 0 ? 8 : 4;
+  constexpr uint16_t NO_ENTRY = 0xffffu;                  // an invalid slot (table entries are < 2^15)
+  static_assert(ROWS % BATCH == 0, "whole batches");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group_size = p.group_size;
   const int slots = group_size * TOPK;
-  const int table_log2 = group_table_log2(slots);
-  const uint32_t table_mask = (1u << table_log2) - 1;
-  extern __shared__ uint32_t table[];
-  uint32_t* keys = table;                                                   // the kv row, or EMPTY_KEY
-  uint16_t* flags = reinterpret_cast<uint16_t*>(keys + (1 << table_log2));  // owners | owners with duplicates << 8
-  uint16_t* slot_entry = flags + (1 << table_log2);                         // each slot's entry, or NO_ENTRY
+  const int table_log2 = group_table_log2(slots), table_entries = 1 << table_log2;
+  const uint32_t table_mask = table_entries - 1;
+  extern __shared__ __align__(16) uint32_t table[];
+  uint32_t* keys = table;                                                // the kv row, or EMPTY_KEY
+  uint16_t* flags = reinterpret_cast<uint16_t*>(keys + table_entries);   // owners | owners with duplicates << 8
+  uint16_t* slot_entry = flags + table_entries;                          // each slot's entry, or NO_ENTRY
   uint32_t* warp_sums = reinterpret_cast<uint32_t*>(slot_entry + slots + (slots & 1));
+  int* lengths = reinterpret_cast<int*>(warp_sums + WARPS);              // each token's valid slots
 
-  for (int e = threadIdx.x; e < (1 << table_log2); e += GROUP_THREADS) {
-    keys[e] = EMPTY_KEY;
-    flags[e] = 0;
-  }
-  __syncthreads();
-
+  // The group's slots are contiguous in `indices`; the tail group's slots past s_q have none.
   const int first_token = blockIdx.x * group_size;
   const int per_warp = ((slots + WARPS - 1) / WARPS + 31) / 32 * 32;
   const int begin = warp * per_warp, end = min(begin + per_warp, slots);
+  const int loaded = min(end, min(p.s_q - first_token, group_size) * TOPK);
+  const int32_t* group_in = p.indices + static_cast<int64_t>(first_token) * TOPK;
+  // A batch's index loads are issued one batch ahead: the first while the table is cleared.
+  const auto load_batch = [&](int32_t(&index)[BATCH], int r0) {
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) {
+      const int slot = begin + 32 * (r0 + i) + lane;
+      index[i] = slot < loaded ? __ldg(group_in + slot) : -1;
+    }
+  };
+  int32_t index[BATCH], next[BATCH];
+  load_batch(next, 0);
+  if (threadIdx.x < group_size) {
+    const int token = first_token + threadIdx.x;
+    lengths[threadIdx.x] = token >= p.s_q               ? 0
+                           : p.topk_length == nullptr ? TOPK
+                                                      : min(max(__ldg(p.topk_length + token), 0), TOPK);
+  }
+  // table_entries >= 4: a multiple of the vectors'.
+  for (int v = threadIdx.x; v < table_entries / 4; v += GROUP_THREADS) {
+    reinterpret_cast<uint4*>(keys)[v] = make_uint4(EMPTY_KEY, EMPTY_KEY, EMPTY_KEY, EMPTY_KEY);
+    reinterpret_cast<uint2*>(flags)[v] = make_uint2(0u, 0u);
+  }
+  __syncthreads();
 
-  // Insert every valid slot (a read first: most rows are already in, selected by a neighbour); a
-  // token that meets its own bit again has the row more than once.
-  for (int batch = begin; batch < end; batch += 32 * BATCH) {
-    int32_t index[BATCH];
-    uint32_t e[BATCH];
-    bool placed[BATCH];
+  // Insert every valid slot: find its row's entry, claiming an empty one, then set the token's owner
+  // bit; a token that meets its own bit again has the row more than once.
+  uint32_t valid_slots = 0;
+#pragma unroll 1
+  for (int r0 = 0; r0 < ROWS; r0 += BATCH) {
+    if (begin + 32 * r0 >= end) break;  // warp-uniform
+#pragma unroll
+    for (int i = 0; i < BATCH; ++i) index[i] = next[i];
+    if (r0 + BATCH < ROWS && begin + 32 * (r0 + BATCH) < end) load_batch(next, r0 + BATCH);
+    uint32_t e[BATCH], found[BATCH];
+    bool valid[BATCH];
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      const int slot = batch + 32 * i + lane, t = slot / TOPK, j = slot - t * TOPK;
-      const int token = first_token + t;
-      index[i] = -1;
-      if (slot < end && token < p.s_q) {
-        const int length = p.topk_length == nullptr ? TOPK : min(max(__ldg(p.topk_length + token), 0), TOPK);
-        if (j < length) index[i] = __ldg(p.indices + static_cast<int64_t>(token) * TOPK + j);
-      }
+      const int slot = begin + 32 * (r0 + i) + lane;
+      const uint32_t t = static_cast<uint32_t>(slot) / TOPK;
+      const int32_t key = index[i];
+      valid[i] = slot < end && key >= 0 && key < p.s_kv && slot - t * TOPK < lengths[t];
+      e[i] = (static_cast<uint32_t>(key) * 2654435761u) >> (32 - table_log2);
+      found[i] = valid[i] ? keys[e[i]] : 0u;
     }
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      placed[i] = index[i] < 0 || index[i] >= p.s_kv;  // an invalid slot has no entry
-      e[i] = (static_cast<uint32_t>(index[i]) * 2654435761u) >> (32 - table_log2);
+      if (valid[i] && found[i] == EMPTY_KEY) found[i] = atomicCAS(keys + e[i], EMPTY_KEY, static_cast<uint32_t>(index[i]));
     }
-    for (bool searching = true; searching;) {
-      uint32_t found[BATCH];
 #pragma unroll
-      for (int i = 0; i < BATCH; ++i) found[i] = placed[i] ? 0u : keys[e[i]];
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        if (!placed[i] && found[i] == EMPTY_KEY) found[i] = atomicCAS(keys + e[i], EMPTY_KEY, static_cast<uint32_t>(index[i]));
+    for (int i = 0; i < BATCH; ++i) {
+      const uint32_t key = static_cast<uint32_t>(index[i]);
+      while (valid[i] && found[i] != EMPTY_KEY && found[i] != key) {  // a collision: walk on
+        e[i] = (e[i] + 1) & table_mask;
+        found[i] = keys[e[i]];
+        if (found[i] == EMPTY_KEY) found[i] = atomicCAS(keys + e[i], EMPTY_KEY, key);
       }
-      searching = false;
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        if (placed[i]) continue;
-        if (found[i] == EMPTY_KEY || found[i] == static_cast<uint32_t>(index[i])) {
-          placed[i] = true;
-        } else {
-          e[i] = (e[i] + 1) & table_mask;
-          searching = true;
-        }
-      }
+      // The lanes meet again here: the rest of the batch would otherwise run once for each set of
+      // lanes that walked (measured: twice the instructions of the whole pass).
+      __syncwarp();
     }
     uint32_t before[BATCH];
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      const int slot = batch + 32 * i + lane, t = slot / TOPK;
-      const bool valid = slot < end && index[i] >= 0 && index[i] < p.s_kv;
-      before[i] = valid ? atomicOr(reinterpret_cast<uint32_t*>(flags) + e[i] / 2, (1u << t) << (16 * (e[i] & 1))) : 0u;
-      if (slot < end) slot_entry[slot] = valid ? static_cast<uint16_t>(e[i]) : NO_ENTRY;
+      const int slot = begin + 32 * (r0 + i) + lane;
+      const uint32_t t = static_cast<uint32_t>(slot) / TOPK;
+      before[i] = valid[i] ? atomicOr(reinterpret_cast<uint32_t*>(flags) + e[i] / 2, (1u << t) << (16 * (e[i] & 1))) : 0u;
+      if (slot < end) slot_entry[slot] = valid[i] ? static_cast<uint16_t>(e[i]) : NO_ENTRY;
+      valid_slots += valid[i];
     }
 #pragma unroll
     for (int i = 0; i < BATCH; ++i) {
-      const int t = (batch + 32 * i + lane) / TOPK, shift = 16 * (e[i] & 1);
+      const uint32_t t = static_cast<uint32_t>(begin + 32 * (r0 + i) + lane) / TOPK, shift = 16 * (e[i] & 1);
       if ((before[i] >> shift) & (1u << t)) atomicOr(reinterpret_cast<uint32_t*>(flags) + e[i] / 2, (1u << (8 + t)) << shift);
     }
   }
   __syncthreads();
 
   // Which slots make an entry of the list: a duplicated row's every occurrence, for its token alone;
-  // otherwise, once per row, the slot of the lowest token among those that selected it once. Counted
-  // per warp, the warps' counts scanned, then each entry written at its place.
-  const auto owner_of = [&](int slot) -> uint32_t {
-    if (slot >= end) return 0u;
-    const uint32_t e = slot_entry[slot];
-    if (e == NO_ENTRY) return 0u;
-    const int t = slot / TOPK;
-    const uint32_t f = flags[e];
-    const uint32_t once = (f & 0xffu) & ~(f >> 8);
-    if ((f >> (8 + t)) & 1u) return 1u << t;
-    return __ffs(once) - 1 == t ? once : 0u;
-  };
-  uint32_t emit = 0, valid = 0;
+  // otherwise, once per row, the slot of the lowest token among those that selected it once. A thread
+  // decides for its own slots and keeps the answer, the entry's owner bits (0: none), in place of the
+  // slot's table entry; the warps' counts are scanned, then each entry is written at its place.
+  uint32_t emit = 0;
 #pragma unroll 4
-  for (int slot = begin + lane; slot < end; slot += 32) {
-    emit += owner_of(slot) != 0;
-    valid += slot_entry[slot] != NO_ENTRY;
+  for (int base = begin; base < end; base += 32) {
+    const int slot = base + lane;
+    if (slot >= end) break;
+    const uint32_t e = slot_entry[slot];
+    uint32_t owner = 0;
+    if (e != NO_ENTRY) {
+      const uint32_t t = static_cast<uint32_t>(slot) / TOPK, f = flags[e];
+      const uint32_t once = (f & 0xffu) & ~(f >> 8);
+      owner = (f >> (8 + t)) & 1u ? 1u << t : __ffs(once) - 1 == t ? once : 0u;
+    }
+    slot_entry[slot] = static_cast<uint16_t>(owner);
+    emit += owner != 0;
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) {
     emit += __shfl_xor_sync(0xffffffffu, emit, d);
-    valid += __shfl_xor_sync(0xffffffffu, valid, d);
+    valid_slots += __shfl_xor_sync(0xffffffffu, valid_slots, d);
   }
-  if (lane == 0) warp_sums[warp] = emit | (valid << 16);  // each at most MAX_GROUP_SLOTS < 2^16
+  if (lane == 0) warp_sums[warp] = emit | (valid_slots << 16);  // each at most MAX_GROUP_SLOTS < 2^16
   __syncthreads();
   uint32_t at = 0, total = 0;
+#pragma unroll
   for (int w = 0; w < WARPS; ++w) {
     const uint32_t sums = warp_sums[w];
     at += w < warp ? sums & 0xffffu : 0u;
     total += sums;
   }
+  const uint32_t entries = total & 0xffffu, group_valid_slots = total >> 16;
+  // A group without valid slots runs grouped: its rows' outputs are those of empty rows either way.
+  const bool pays = entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots);
+  if (threadIdx.x == 0) p.group_length[blockIdx.x] = pays ? static_cast<int32_t>(entries) : -1;
+  if (!pays) return;  // its tokens run one by one: no list is read
   const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
+#pragma unroll 4
   for (int base = begin; base < end; base += 32) {
     const int slot = base + lane;
-    const uint32_t owner = owner_of(slot);
+    const uint32_t owner = slot < end ? slot_entry[slot] : 0u;
     const uint32_t ballot = __ballot_sync(0xffffffffu, owner != 0);
     if (owner != 0) {
       const uint32_t place = at + __popc(ballot & ((1u << lane) - 1));
-      p.group_indices[list + place] = static_cast<int32_t>(keys[slot_entry[slot]]);
+      p.group_indices[list + place] = __ldg(group_in + slot);  // the slot's own kv row
       p.group_owners[list + place] = static_cast<uint8_t>(owner);
     }
     at += __popc(ballot);
-  }
-  if (threadIdx.x == 0) {
-    const uint32_t entries = total & 0xffffu, valid_slots = total >> 16;
-    // A group without valid slots runs grouped: its rows' outputs are those of empty rows either way.
-    const bool pays = entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(valid_slots);
-    p.group_length[blockIdx.x] = pays ? static_cast<int32_t>(entries) : -1;
   }
 }
 
