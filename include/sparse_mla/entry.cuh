@@ -275,7 +275,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 // The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
 // int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
 // describes. A group whose list holds more than max_union_ratio entries per valid slot gets
-// group_length -1. Launches on the caller's current stream.
+// group_length -1, and its list is left as it was. Launches on the caller's current stream.
 template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,

@@ -17,6 +17,7 @@ variant's first rows are checked against the float32 reference.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
 import sys
@@ -25,7 +26,7 @@ import torch
 import tvm_ffi
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
-from bench import incumbent_call  # noqa: E402
+from bench import git_commit, incumbent_call  # noqa: E402
 
 from sparse_mla.jit import ENTRY_FUNCTION  # noqa: E402
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
@@ -155,8 +156,9 @@ def main() -> None:
     if any(not all(r["identical_to_first"].values()) for r in rows):
         print("! outputs differ from the first variant's")
     if args.json:
-        args.json.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), indices=args.indices, rows=rows),
-                                        indent=1) + "\n")
+        meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
+                    commit=git_commit(), variants=args.variant, indices=args.indices)
+        args.json.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
 
 
 if __name__ == "__main__":
