@@ -14,8 +14,8 @@
 //
 // The list of a group may hold more entries than its tokens' valid slots shared save: when it holds
 // more than max_union_ratio entries per valid slot of the group, the group runs its tokens one by one
-// (group_length -1, its list not written). Everything here is a function of the group's own rows: the lists, and with them
-// the outputs, are bitwise the same on every launch.
+// (group_length -1, its list not written). Everything here is a function of the group's own rows:
+// the lists, and with them the outputs, are bitwise the same on every launch.
 #pragma once
 
 #include <cstdint>
