@@ -10,6 +10,8 @@ CUDA events, the median). Columns:
   the indices (realistic patterns pad a short causal prefix with -1);
 - per (token, head): the time per query row and head relative to h_q 64 at the same (s_q, s_kv) and
   indices, so 1.0 means a head costs what it costs in a full 64-head tile;
+- vs pad: for fewer than 64 heads, the h_q 64 time over the row's, the gain over padding q to 64
+  heads (marked ``!`` below 1: the few-head path lost);
 - with ``--incumbent``: the incumbent's time on q padded to 64 heads (it accepts only multiples of
   64, and serving engines pad to call it), timed call by call in turn with ours, and the ratio.
 
@@ -62,11 +64,14 @@ def useful_flops(indices: torch.Tensor, s_kv: int, h_q: int, d_qk: int = D_QK, d
 
 def per_head_cost(rows: list[dict]) -> None:
     """Adds ``per_head_vs_64`` to every row: its time per (query row, head) over that of the h_q 64 row
-    with the same s_q, s_kv and indices (rows without one get None)."""
-    reference = {(r["s_q"], r["s_kv"], r["indices"]): r["ms"] / (r["s_q"] * r["h_q"]) for r in rows if r["h_q"] == 64}
+    with the same s_q, s_kv and indices, and to the rows of fewer heads ``vs_padded``: the h_q 64 row's
+    time over its own, what the few-head tiles gain over padding q to 64 heads (below 1: they lose).
+    Rows without an h_q 64 row get None."""
+    reference = {(r["s_q"], r["s_kv"], r["indices"]): r["ms"] for r in rows if r["h_q"] == 64}
     for r in rows:
         base = reference.get((r["s_q"], r["s_kv"], r["indices"]))
-        r["per_head_vs_64"] = None if base is None else r["ms"] / (r["s_q"] * r["h_q"]) / base
+        r["per_head_vs_64"] = None if base is None else r["ms"] / r["h_q"] / (base / 64)
+        r["vs_padded"] = None if base is None or r["h_q"] >= 64 else base / r["ms"]
 
 
 def padded_heads(h_q: int) -> int:
@@ -106,11 +111,13 @@ def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespac
 
 def format_table(rows: list[dict]) -> str:
     side = "incumbent_ms" in rows[0]
-    lines = [f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} | {'ms':>7} {'TFLOPS':>6} {'per head':>8}"
+    lines = [f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} | {'ms':>7} {'TFLOPS':>6} {'per head':>8} {'vs pad':>7}"
              + (f" | {'incumb ms':>9} {'ratio':>5}" if side else "") + f" | {'out err':>8}"]
     for r in rows:
         per = "-" if r["per_head_vs_64"] is None else f"{r['per_head_vs_64']:.2f}x"
+        pad = "-" if r.get("vs_padded") is None else f"{r['vs_padded']:.2f}x" + ("!" if r["vs_padded"] < 1 else "")
         lines.append(f"{r['s_q']:>5} {r['s_kv']:>6} {r['h_q']:>4} | {r['ms']:>7.3f} {r['useful_tflops']:>6.0f} {per:>8}"
+                     + f" {pad:>7}"
                      + (f" | {r['incumbent_ms']:>9.3f} {r['ratio_vs_incumbent']:>5.2f}" if side else "")
                      + f" | {r['out_rel_err']:>8.2e}")
     return "\n".join(lines)

@@ -23,6 +23,16 @@ def test_per_head_cost_is_relative_to_h_q_64_of_the_same_shape_and_indices(tp):
     ]
     tp.per_head_cost(rows)
     assert [r["per_head_vs_64"] for r in rows] == [1.0, 2.0, 1.0, None]
+    assert [r["vs_padded"] for r in rows] == [None, 2.0, None, None]  # twice as fast as the 64-head call
+
+
+def test_the_table_marks_a_few_head_row_slower_than_padding(tp):
+    rows = [dict(s_q=1024, s_kv=8192, h_q=16, ms=0.3, useful_tflops=500.0, out_rel_err=1.7e-2, per_head_vs_64=2.0,
+                 vs_padded=2.0),
+            dict(s_q=1024, s_kv=131072, h_q=16, ms=0.4, useful_tflops=400.0, out_rel_err=1.7e-2, per_head_vs_64=4.1,
+                 vs_padded=0.97)]
+    lines = tp.format_table(rows).splitlines()
+    assert lines[1].split("|")[1].split()[-1] == "2.00x" and lines[2].split("|")[1].split()[-1] == "0.97x!"
 
 
 @pytest.mark.parametrize("h_q, padded", [(1, 64), (8, 64), (64, 64), (65, 128), (128, 128)])
@@ -35,4 +45,4 @@ def test_the_table_prints_every_row_and_a_dash_where_no_h_q_64_row_exists(tp):
             dict(s_q=1024, s_kv=8192, h_q=64, ms=0.6, useful_tflops=1000.0, out_rel_err=1.7e-2, per_head_vs_64=1.0)]
     lines = tp.format_table(rows).splitlines()
     assert len(lines) == 3
-    assert lines[1].split("|")[1].split()[-1] == "-" and lines[2].split("|")[1].split()[-1] == "1.00x"
+    assert lines[1].split("|")[1].split()[-2] == "-" and lines[2].split("|")[1].split()[-2] == "1.00x"
