@@ -280,7 +280,6 @@ template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
                       ffi::TensorView group_owners, ffi::TensorView group_length) {
-  using detail::check_tensor;
   const DLDevice device = indices.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
   detail::check_selections<TOPK>(indices, topk_length, device, -1);

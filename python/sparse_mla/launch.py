@@ -16,7 +16,7 @@ batch-invariant mode (a row's group depends on its position in the call).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -27,16 +27,30 @@ from sparse_mla.validate import HEAD_BLOCK
 
 __all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan"]
 
-# Compute capability per device index, read once: torch caches device properties, this saves the call.
-_CAPABILITY: dict[int, tuple[int, int]] = {}
+class _Device(NamedTuple):
+    capability: tuple[int, int]
+    num_sms: int
+    l2_bytes: int
+
+
+# What the launch plan needs of each device, per device index, read once: torch caches device
+# properties, this saves the call.
+_DEVICES: dict[int, _Device] = {}
+
+
+def _device(index: int) -> _Device:
+    device = _DEVICES.get(index)
+    if device is None:
+        props = torch.cuda.get_device_properties(index)
+        device = _DEVICES.setdefault(
+            index, _Device((props.major, props.minor), props.multi_processor_count, props.L2_cache_size))
+    return device
 
 
 def check_hopper(device: torch.device) -> int:
     """Raises unless ``device`` is an SM90 GPU; returns its index."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    capability = _CAPABILITY.get(index)
-    if capability is None:
-        capability = _CAPABILITY.setdefault(index, torch.cuda.get_device_capability(index))
+    capability = _device(index).capability
     if capability != (9, 0):
         name = torch.cuda.get_device_name(index)
         raise UnsupportedGPUError(
@@ -104,20 +118,8 @@ def max_union_ratio(kv_row_bytes: int, s_kv: int, l2_bytes: int) -> float:
     return MAX_UNION_RATIO if s_kv * kv_row_bytes <= l2_bytes else MAX_UNION_RATIO_COLD
 
 
-# SM count and L2 bytes per device index, read once (the launch plan needs them on every call).
-_DEVICE_FACTS: dict[int, tuple[int, int]] = {}
-
-
-def _device_facts(index: int) -> tuple[int, int]:
-    facts = _DEVICE_FACTS.get(index)
-    if facts is None:
-        props = torch.cuda.get_device_properties(index)
-        facts = _DEVICE_FACTS.setdefault(index, (props.multi_processor_count, props.L2_cache_size))
-    return facts
-
-
 def num_sms(index: int) -> int:
-    return _device_facts(index)[0]
+    return _device(index).num_sms
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,7 +163,7 @@ def launch(
     group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
     if group > 1:
         _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                             sm_scale, group, every_group=mode == "always", l2_bytes=_device_facts(device_index)[1])
+                             sm_scale, group, every_group=mode == "always", l2_bytes=_device(device_index).l2_bytes)
         return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
     split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)

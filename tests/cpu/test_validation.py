@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -354,8 +355,9 @@ def test_a_gpu_that_is_not_hopper_is_refused_before_the_jit(monkeypatch):
     import sparse_mla.launch as launch
     from sparse_mla.errors import UnsupportedGPUError
 
-    monkeypatch.setattr(launch, "_CAPABILITY", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    monkeypatch.setattr(launch, "_DEVICES", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(major=8, minor=0, multi_processor_count=108, L2_cache_size=40 << 20))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(launch, "get_module", lambda key: pytest.fail("reached the JIT"))
     args = valid_args()
