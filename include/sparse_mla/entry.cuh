@@ -113,17 +113,18 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 
 // The token groups' lists (sm90/prefill/token_groups.cuh): group_size 1 and no tensors, or
 // 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
-// group_indices int32 and group_owners uint8 [ceil(s_q / G), G * TOPK], group_length int32 [ceil(s_q / G)].
+// group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK),
+// group_mask_words(G)] (traits.cuh) at a 16-byte boundary, group_length int32 [ceil(s_q / G)].
 template <int TOPK>
 void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
                            const ffi::Optional<ffi::TensorView>& group_indices,
-                           const ffi::Optional<ffi::TensorView>& group_owners,
+                           const ffi::Optional<ffi::TensorView>& group_masks,
                            const ffi::Optional<ffi::TensorView>& group_length) {
   using sm90::prefill::B_H;
   using sm90::prefill::MAX_GROUP;
   using sm90::prefill::MAX_GROUP_SLOTS;
   const bool groups = group_size > 1;
-  if (group_indices.has_value() != groups || group_owners.has_value() != groups || group_length.has_value() != groups ||
+  if (group_indices.has_value() != groups || group_masks.has_value() != groups || group_length.has_value() != groups ||
       group_size < 1 || group_size > MAX_GROUP || (groups && (group_size * h_q > B_H || group_size * TOPK > MAX_GROUP_SLOTS))) {
     TVM_FFI_THROW(ValueError) << "inconsistent token groups: group_size " << group_size << " with h_q " << h_q
                               << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
@@ -133,8 +134,13 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
   const int64_t n_groups = (s_q + group_size - 1) / group_size;
   check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
   check_contiguous(*group_indices, "group_indices");
-  check_tensor(*group_owners, "group_owners", device, kDLUInt, 8, {n_groups, group_size * TOPK});
-  check_contiguous(*group_owners, "group_owners");
+  check_tensor(*group_masks, "group_masks", device, kDLInt, 64,
+               {n_groups, sm90::prefill::group_mask_blocks(static_cast<int>(group_size) * TOPK),
+                sm90::prefill::group_mask_words(static_cast<int>(group_size))});
+  check_contiguous(*group_masks, "group_masks");
+  if (reinterpret_cast<uintptr_t>(data_of<char>(*group_masks)) % 16 != 0) {
+    TVM_FFI_THROW(ValueError) << "group_masks must start at a 16-byte boundary (the kernel copies 16 bytes at a time)";
+  }
   check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
   check_contiguous(*group_length, "group_length");
 }
@@ -170,7 +176,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  double sm_scale, int64_t split_begin, int64_t split_parts,
                  ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
                  int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
-                 ffi::Optional<ffi::TensorView> group_owners, ffi::Optional<ffi::TensorView> group_length, bool grouped) {
+                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length, bool grouped) {
   using detail::check_tensor;
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
@@ -220,7 +226,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
     detail::check_contiguous(*split_counters, "split_counters");
   }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_owners, group_length);
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length);
   if ((group_size > 1 && split) || (grouped && group_size == 1)) {
     TVM_FFI_THROW(ValueError) << "token groups run without a tail split, and a grouped launch needs groups";
   }
@@ -259,7 +265,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.split_counters = split ? detail::data_of<int32_t>(*split_counters) : nullptr;
   params.group_size = static_cast<int>(group_size);
   params.group_indices = group_size > 1 ? detail::data_of<const int32_t>(*group_indices) : nullptr;
-  params.group_owners = group_size > 1 ? detail::data_of<const uint8_t>(*group_owners) : nullptr;
+  params.group_masks = group_size > 1 ? detail::data_of<const uint64_t>(*group_masks) : nullptr;
   params.group_length = group_size > 1 ? detail::data_of<const int32_t>(*group_length) : nullptr;
 
   ffi::CUDADeviceGuard device_guard(device.device_id);
@@ -279,7 +285,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
-                      ffi::TensorView group_owners, ffi::TensorView group_length) {
+                      ffi::TensorView group_masks, ffi::TensorView group_length) {
   const DLDevice device = indices.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
   detail::check_selections<TOPK>(indices, topk_length, device, -1);
@@ -288,7 +294,7 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
     TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
                               << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
   }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_owners, group_length);
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length);
   if (s_q == 0) return;
   TokenGroupParams params{};
   params.s_q = static_cast<int>(s_q);
@@ -298,7 +304,7 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
   params.topk_length = topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
   params.max_union_ratio = static_cast<float>(max_union_ratio);
   params.group_indices = detail::data_of<int32_t>(group_indices);
-  params.group_owners = detail::data_of<uint8_t>(group_owners);
+  params.group_masks = detail::data_of<uint64_t>(group_masks);
   params.group_length = detail::data_of<int32_t>(group_length);
   ffi::CUDADeviceGuard device_guard(device.device_id);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));

@@ -63,7 +63,9 @@ struct PrefillParams {
   // in the other launch, which skips the rows of the first kind. group_length == nullptr: no groups.
   int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
   const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, in order of first occurrence
-  const uint8_t* group_owners;    // [ceil(s_q / G), G * TOPK]: bit t: the entry is a slot of token G * k + t
+  // [ceil(s_q / G), group_mask_blocks(G * TOPK), group_mask_words(G)]: bit r of [k][b][t]: entry
+  // B_TOPK * b + r of group k's list is a slot of its token t (token_groups.cuh)
+  const uint64_t* group_masks;
   const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1
 };
 
@@ -77,7 +79,7 @@ struct TokenGroupParams {
   // (about the narrow tile's cost per slot relative to the grouped tile's); above, group_length is -1.
   float max_union_ratio;
   int32_t* group_indices;
-  uint8_t* group_owners;
+  uint64_t* group_masks;
   int32_t* group_length;
 };
 

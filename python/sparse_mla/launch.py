@@ -25,7 +25,7 @@ from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan"]
+__all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan", "token_group_lists"]
 
 class _Device(NamedTuple):
     capability: tuple[int, int]
@@ -90,15 +90,16 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 
 
 # Token groups (traits.cuh and token_groups.cuh): heads up to which the narrow tile and groups apply,
-# tokens per group at most (one owner bit each), slots per group at most (the pre-pass's hash table in
-# shared memory), and how many union entries per valid slot of its tokens a group may have and still
-# run grouped. Measured on an H200 (benchmarks/notes/2026-12-01.md, Experiment 38): a grouped entry
+# list entries per block of a group's masks, tokens per group at most (one owner bit each), slots per
+# group at most (the pre-pass's hash table in shared memory), and how many union entries per valid slot
+# of its tokens a group may have and still run grouped. Measured on an H200 (benchmarks/notes/2026-12-01.md, Experiment 38): a grouped entry
 # costs about 1.16 of a 64-head token's slot, a token's slot in the narrow tile 0.88, so the union pays
 # below ~0.75 entries per slot; 0.7 leaves a margin. Where the kv rows outgrow the L2 cache, a group
 # reads each of its rows from DRAM, while the narrow tile's neighbouring tokens, in flight together,
 # share the rows they both selected in L2: at s_kv 128K (75 MB of rows, the H200's L2 50 MB) a grouped
 # entry cost 1.7 narrow slots, so the union pays below ~0.59, less the pre-pass: 0.55.
 NARROW_HEADS = 32
+_B_TOPK = 64
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
 MAX_UNION_RATIO = 0.7
@@ -208,16 +209,23 @@ def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, t
     groups' tokens, without a tail split. The lists are per call, from torch's caching allocator on the
     current stream (CUDA-graph safe)."""
     s_q, h_q, _ = q.shape
-    topk = indices.shape[2]
-    groups = (s_q + group - 1) // group
-    group_indices = q.new_empty((groups, group * topk), dtype=torch.int32)
-    group_owners = q.new_empty((groups, group * topk), dtype=torch.uint8)
-    group_length = q.new_empty((groups,), dtype=torch.int32)
+    lists = token_group_lists(q.device, s_q, group, indices.shape[2])
     ratio = float("inf") if every_group else max_union_ratio(kv.shape[-1] * kv.element_size(), kv.shape[0], l2_bytes)
-    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio,
-                                           group_indices, group_owners, group_length)
+    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio, *lists)
     for grouped in (True,) if every_group else (True, False):
         getattr(module, ENTRY_FUNCTION)(
             q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length, out, max_logits, lse,
-            sm_scale, s_q, 1, None, None, group, group_indices, group_owners, group_length, grouped,
+            sm_scale, s_q, 1, None, None, group, *lists, grouped,
         )
+
+
+def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
+    """The pre-pass's outputs for s_q tokens in groups of ``group`` (uninitialized, from torch's caching
+    allocator on the current stream): per group its list of kv rows (int32), its tokens' masks (per block
+    of 64 entries that a pair of blocks can read, one 64-bit word per token, the count rounded up to even;
+    traits.cuh) and its length (int32)."""
+    groups = (s_q + group - 1) // group
+    mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
+    return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
+            torch.empty((groups, mask_blocks, group + group % 2), dtype=torch.int64, device=device),
+            torch.empty((groups,), dtype=torch.int32, device=device))

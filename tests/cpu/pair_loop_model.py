@@ -77,9 +77,9 @@ class KernelOrder:
     # (narrow.cuh, h_q <= NARROW_HEADS: the same pair loop, but the exact path exchanges per-warp head
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
     # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
-    # order over a token group, the producer writing each token's valid bits into group_valid and the
-    # softmax reading its rows' tokens from row_token, which the setup writes before the kernel's
-    # __syncthreads; no split merge).
+    # order over a token group, the producer copying each token's valid bits (the pre-pass's masks)
+    # into group_valid with the block's rows and the softmax reading its rows' tokens from row_token,
+    # which the setup writes before the kernel's __syncthreads; no split merge).
     tile: str = "wide"
 
     def __post_init__(self):
@@ -235,12 +235,16 @@ def producer_events(order, units):
             for b in (0, 1):
                 if gp >= NUM_STAGES:
                     p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
-                valid_bits = "group_valid" if order.tile == "grouped" else "valid"
-                valid = st_shared(f"{valid_bits}[{stage}][{b}]", "valid bits (lane 0 of each warp)")
-                if order.proxy_fence == "producer":
-                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_commit_group(), valid)
+                if order.tile == "grouped":  # the masks travel with the rows, in the block's copy group
+                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_16(f"group_valid[{stage}][{b}]"))
+                    valid = None
                 else:
-                    p(cp_async_16(f"kv[{stage}][{b}]"), cpasync_barrier_arrive_noinc(f"kv_full[{stage}][{b}]"), valid,
+                    p(cp_async_16(f"kv[{stage}][{b}]"))
+                    valid = st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)")
+                if order.proxy_fence == "producer":
+                    p(cp_async_commit_group(), *([valid] if valid else []))
+                else:
+                    p(cpasync_barrier_arrive_noinc(f"kv_full[{stage}][{b}]"), *([valid] if valid else []),
                       arrive(f"kv_full[{stage}][{b}]", "ClusterBarrier::arrive (lane 0 of each warp)"))
             if order.proxy_fence == "producer":
                 p(*_landed_then_arrive(1, (["q_full"] if pair == 0 else []) + [f"kv_full[{stage}][0]"]),

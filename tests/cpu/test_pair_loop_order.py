@@ -75,11 +75,11 @@ def test_the_grouped_order_has_no_unordered_access(units):
 
 
 def test_the_grouped_valid_bits_are_ordered_like_the_wide_ones():
-    """Per-token valid bits stored after the block's kv_full arrival would race with the softmax."""
+    """Per-token valid bits copied after the block's kv_full arrival would race with the softmax."""
     roles = kernel_roles(GROUPED_ORDER, FIRST_EXACT)
     events = list(roles["producer"])
-    store = next(i for i, e in enumerate(events) if e.op == "st.shared" and e.target == "group_valid[0][1]")
-    moved = events.pop(store)
+    copy = next(i for i, e in enumerate(events) if e.op == "cp.async" and e.target == "group_valid[0][1]")
+    moved = events.pop(copy)
     arrival = next(i for i, e in enumerate(events) if e.op == "mbarrier.arrive" and e.target == "kv_full[0][1]")
     events.insert(arrival + 1, moved)
     findings = check({**roles, "producer": events})

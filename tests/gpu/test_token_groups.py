@@ -15,7 +15,7 @@ import torch
 
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import MAX_UNION_RATIO, group_size
+from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists
 from sparse_mla.testing import PRESETS, make_inputs, realistic_indices, with_shared_neighbours
 
 pytestmark = pytest.mark.gpu
@@ -58,16 +58,23 @@ def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio:
 
 
 def device_lists(inputs: dict, group: int, ratio: float):
+    """The pre-pass's (group_indices, group_masks, group_length), on the host, from poisoned buffers."""
     s_q, h_q, d_qk = inputs["q"].shape
     topk = inputs["indices"].shape[2]
     module = get_module(KernelKey(d_qk=d_qk, topk=topk))
-    groups = (s_q + group - 1) // group
-    group_indices = torch.full((groups, group * topk), -7, dtype=torch.int32, device="cuda")
-    group_owners = torch.full((groups, group * topk), 0xEE, dtype=torch.uint8, device="cuda")
-    group_length = torch.full((groups,), -7, dtype=torch.int32, device="cuda")
+    lists = token_group_lists(inputs["q"].device, s_q, group, topk)
+    for tensor in lists:
+        tensor.fill_(-7)
     getattr(module, TOKEN_GROUPS_FUNCTION)(inputs["indices"], inputs["topk_length"], inputs["kv"].shape[0], h_q,
-                                           group, ratio, group_indices, group_owners, group_length)
-    return group_indices.cpu(), group_owners.cpu(), group_length.cpu()
+                                           group, ratio, *lists)
+    return tuple(tensor.cpu() for tensor in lists)
+
+
+def mask_owners(masks: torch.Tensor, group: int, entries: int) -> list[int]:
+    """Each of a group's first ``entries`` list entries' owner bits, from its masks [block, word]: bit t
+    of entry 64 b + r is bit r of word t of block b."""
+    words = masks.tolist()
+    return [sum(((words[e // 64][t] >> (e % 64)) & 1) << t for t in range(group)) for e in range(entries)]
 
 
 @pytest.mark.parametrize(
@@ -95,7 +102,7 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
         inputs["topk_length"][::5] = 0
     context = describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group)
     for ratio in (MAX_UNION_RATIO, float("inf")):
-        got_indices, got_owners, got_length = device_lists(inputs, group, ratio)
+        got_indices, got_masks, got_length = device_lists(inputs, group, ratio)
         for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
                                                                  group, ratio)):
             assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
@@ -103,7 +110,11 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
                 continue  # a group that falls back writes no list (ratio inf checks every group's)
             n = len(entries)
             assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
-            assert got_owners[k, :n].tolist() == owners, f"{context}, ratio {ratio}: group {k} owners"
+            # Every block a pair reads: the owners, then no bit past the list (nor in the even word past G).
+            read_blocks = (n + 127) // 128 * 2
+            padded = mask_owners(got_masks[k, :read_blocks], group + group % 2, read_blocks * 64)
+            assert padded[:n] == owners, f"{context}, ratio {ratio}: group {k} owners"
+            assert not any(padded[n:]), f"{context}, ratio {ratio}: group {k} masks past its list"
 
 
 GROUPED_CASES = [

@@ -10,11 +10,9 @@ token's slot (printed as `entry/slot`, the pre-pass left out) is what the tile c
 
 from __future__ import annotations
 
-import torch
-
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import MAX_UNION_RATIO, group_size, launch
+from sparse_mla.launch import MAX_UNION_RATIO, group_size, launch, token_group_lists
 from sparse_mla.testing import (
     PRESETS,
     make_inputs,
@@ -47,9 +45,7 @@ def main() -> None:
                                                         False), iters=20, warmup=3)
                 continue
             groups = (S_Q + group - 1) // group
-            lists = (torch.empty(groups, group * TOPK, dtype=torch.int32, device="cuda"),
-                     torch.empty(groups, group * TOPK, dtype=torch.uint8, device="cuda"),
-                     torch.empty(groups, dtype=torch.int32, device="cuda"))
+            lists = token_group_lists(inputs["q"].device, S_Q, group, TOPK)
             pre_ms = median_time_ms(
                 lambda: pre_pass(inputs["indices"], None, S_KV, h_q, group, MAX_UNION_RATIO, *lists), iters=20, warmup=3)
 

@@ -98,32 +98,29 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
   const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
-  // A group's entry: which of its tokens the slot belongs to (0 past the list).
-  const uint8_t* slot_owners = params.group_owners + list;
-  auto load_owner = [&](int slot) -> uint32_t { return slot < n_slots ? __ldg(slot_owners + slot) : 0u; };
+  // A token group's masks (token_groups.cuh), 16 bytes per copying thread: threads 0 .. words / 2 - 1
+  // of warp 0 copy those of each block into group_valid with the block's rows (a group's unit starts
+  // at its list's first entry).
+  const int mask_words = GROUPED ? group_mask_words(params.group_size) : 0;
+  const bool copies_masks = GROUPED && warp == 0 && 2 * lane < mask_words;
+  const uint64_t* block_masks =
+      GROUPED ? params.group_masks + static_cast<int64_t>(w.item) * group_mask_blocks(params.group_size * TOPK) * mask_words + 2 * lane
+              : nullptr;
 
   int32_t index[2][2];  // [block of the pair][row k]
-  uint32_t owners = 0;  // token groups: owner bits of [b][k] in byte 2b + k (one register: the producer has 40)
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      index[b][k] = load_index(b * B_TOPK + rows[k]);
-      if constexpr (GROUPED) owners |= load_owner(b * B_TOPK + rows[k]) << (8 * (2 * b + k));
-    }
+    for (int k = 0; k < 2; ++k) index[b][k] = load_index(b * B_TOPK + rows[k]);
   }
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
     int32_t next[2][2];
-    uint32_t next_owners = 0;
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
-        if constexpr (GROUPED) next_owners |= load_owner((2 * pair + 2 + b) * B_TOPK + rows[k]) << (8 * (2 * b + k));
-      }
+      for (int k = 0; k < 2; ++k) next[b][k] = load_index((2 * pair + 2 + b) * B_TOPK + rows[k]);
     }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
@@ -138,25 +135,16 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
         for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
       }
-      cp_async_commit();
-      // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
-      // Released with lane 0's arrival below.
       if constexpr (GROUPED) {
-        // The same per token t of the group: the slot is valid and belongs to t.
-        const uint32_t own0 = __shfl_sync(0xffffffffu, valid[0] ? (owners >> (16 * b)) & 0xffu : 0u, 4 * (lane & 7));
-        const uint32_t own1 = __shfl_sync(0xffffffffu, valid[1] ? (owners >> (16 * b + 8)) & 0xffu : 0u, 4 * (lane & 7));
-#pragma unroll
-        for (int t = 0; t < MAX_GROUP; ++t) {
-          if (t >= params.group_size) break;
-          const uint32_t low = __ballot_sync(0xffffffffu, (own0 >> t) & 1u) & 0xffu;
-          const uint32_t high = __ballot_sync(0xffffffffu, (own1 >> t) & 1u) & 0xffu;
-          if (lane == 0) {
-            uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.group_valid[stage.index][b][t]);
-            bytes[warp] = static_cast<uint8_t>(low);
-            bytes[4 + warp] = static_cast<uint8_t>(high);
-          }
+        // Every entry of the list is valid and the masks are 0 past it: they are the valid bits.
+        if (copies_masks) {
+          cp_async_16(smem_addr(&ss.group_valid[stage.index][b][2 * lane]), block_masks + (2 * pair + b) * mask_words, true);
         }
+        cp_async_commit();
       } else {
+        cp_async_commit();
+        // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
+        // Released with lane 0's arrival below.
         const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
         const uint32_t high = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[1], 4 * (lane & 7))) & 0xffu;
         if (lane == 0) {
@@ -179,7 +167,6 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
       for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
     }
-    owners = next_owners;
   }
 }
 

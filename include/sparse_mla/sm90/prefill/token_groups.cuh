@@ -4,9 +4,10 @@
 // empty. Neighbouring tokens of a real indexer select mostly the same kv rows, so the grouped tile
 // (Tile::kGrouped) stacks G = min(MAX_GROUP, 64 / h_q) tokens into one tile (row t * h_q + h: head h
 // of token t), gathers the union of their selections once and masks each row to its own token's
-// slots. prefill_kernel_token_groups lists, per group, that union: each distinct valid kv row once, with the
-// set of the group's tokens that selected it (its owner bits), in the order of first occurrence in
-// the tokens' slot lists (token 0's, then token 1's, ...).
+// slots. prefill_kernel_token_groups lists, per group, that union: each distinct valid kv row once, in the
+// order of first occurrence in the tokens' slot lists (token 0's, then token 1's, ...), and the set
+// of the group's tokens that selected it (its owner bits) as the grouped tile's producer copies them:
+// per block of 64 entries, one 64-bit mask per token (group_masks, bit r: entry r of the block).
 //
 // Multiplicity: a row that a token selects n times counts n times in that token's softmax. A row
 // that some token selects more than once is listed once per occurrence for each such token, owned
@@ -45,6 +46,7 @@ __host__ __device__ constexpr int group_table_bytes(int slots) {
   return (1 << group_table_log2(slots)) * 6 + (slots + (slots & 1)) * 2 + (GROUP_THREADS / 32) * 4 + MAX_GROUP * 4;
 }
 static_assert(group_table_bytes(MAX_GROUP_SLOTS) <= SHARED_MEMORY_PER_BLOCK, "the largest table fits");
+static_assert(MAX_GROUP <= 8, "an entry's owner bits fit a byte (the keys' memory holds them)");
 
 // One CTA per group; two share an SM where the table allows. Warp w takes a contiguous range of the
 // group's slots in (token, slot) order, its lanes consecutive slots (row r of the warp: 32 slots),
@@ -194,6 +196,8 @@ __global__ void __launch_bounds__(GROUP_THREADS, 2) prefill_kernel_token_groups(
   const bool pays = entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots);
   if (threadIdx.x == 0) p.group_length[blockIdx.x] = pays ? static_cast<int32_t>(entries) : -1;
   if (!pays) return;  // its tokens run one by one: no list is read
+  // Each entry's kv row goes to the list, its owner bits to entry_owner (the keys are no longer read).
+  uint8_t* entry_owner = reinterpret_cast<uint8_t*>(keys);
   const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
 #pragma unroll 4
   for (int base = begin; base < end; base += 32) {
@@ -203,9 +207,29 @@ __global__ void __launch_bounds__(GROUP_THREADS, 2) prefill_kernel_token_groups(
     if (owner != 0) {
       const uint32_t place = at + __popc(ballot & ((1u << lane) - 1));
       p.group_indices[list + place] = __ldg(group_in + slot);  // the slot's own kv row
-      p.group_owners[list + place] = static_cast<uint8_t>(owner);
+      entry_owner[place] = static_cast<uint8_t>(owner);
     }
     at += __popc(ballot);
+  }
+  __syncthreads();
+
+  // The owner bits transposed, block by block: token t's mask is a ballot of bit t over the block's
+  // entries (0 past the list, up to the end of its last pair).
+  const int words = group_mask_words(group_size);
+  uint64_t* masks = p.group_masks + static_cast<int64_t>(blockIdx.x) * group_mask_blocks(slots) * words;
+  const int list_blocks = group_mask_blocks(static_cast<int>(entries));
+  for (int block = warp; block < list_blocks; block += WARPS) {
+    const uint32_t entry = block * B_TOPK + lane;
+    const uint32_t low = entry < entries ? entry_owner[entry] : 0u, high = entry + 32 < entries ? entry_owner[entry + 32] : 0u;
+    uint64_t mask = 0;
+#pragma unroll
+    for (int t = 0; t < MAX_GROUP; ++t) {
+      if (t >= group_size) break;
+      const uint32_t low_bits = __ballot_sync(0xffffffffu, (low >> t) & 1u);
+      const uint32_t high_bits = __ballot_sync(0xffffffffu, (high >> t) & 1u);
+      if (lane == t) mask = (static_cast<uint64_t>(high_bits) << 32) | low_bits;
+    }
+    if (lane < words) masks[block * words + lane] = mask;
   }
 }
 

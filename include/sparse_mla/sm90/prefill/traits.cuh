@@ -35,6 +35,14 @@ enum class Tile {
              // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
 };
 
+// A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
+// block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
+// list of `slots` entries), group_mask_words(G) 8-byte words: G rounded up to even, so that 16-byte
+// copies move them; word t < G is token t's (bit r: entry r of the block is a slot of token t), a
+// word past G is 0.
+__host__ __device__ constexpr int group_mask_blocks(int slots) { return (slots + 2 * B_TOPK - 1) / (2 * B_TOPK) * 2; }
+__host__ __device__ constexpr int group_mask_words(int group_size) { return group_size + (group_size & 1); }
+
 // topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
 // token group, whose list holds up to MAX_GROUP * TOPK slots.
@@ -96,8 +104,9 @@ struct SharedStorage {
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
   // Token groups' members last, so that the other members keep their offsets in every tile's code.
-  uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]: row r of
-                                                  // the block is a valid slot of the group's token t
+  alignas(16) uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]:
+                                                               // row r of the block is a valid slot of the
+                                                               // group's token t (copied by cp.async)
   uint8_t row_token[B_H];   // token groups: the token t of each tile row (clamped to the group's last
                             // for rows past the group's, which are zero in Q and never stored); written
                             // before the kernel's first __syncthreads, read-only after
