@@ -113,8 +113,8 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 
 // The token groups' lists (sm90/prefill/token_groups.cuh): group_size 1 and no tensors, or
 // 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
-// group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK),
-// group_mask_words(G)] (traits.cuh) at a 16-byte boundary, group_length int32 [ceil(s_q / G)].
+// group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G]
+// (traits.cuh), group_length int32 [ceil(s_q / G)].
 template <int TOPK>
 void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
                            const ffi::Optional<ffi::TensorView>& group_indices,
@@ -135,12 +135,8 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
   check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
   check_contiguous(*group_indices, "group_indices");
   check_tensor(*group_masks, "group_masks", device, kDLInt, 64,
-               {n_groups, sm90::prefill::group_mask_blocks(static_cast<int>(group_size) * TOPK),
-                sm90::prefill::group_mask_words(static_cast<int>(group_size))});
+               {n_groups, sm90::prefill::group_mask_blocks(static_cast<int>(group_size) * TOPK), group_size});
   check_contiguous(*group_masks, "group_masks");
-  if (reinterpret_cast<uintptr_t>(data_of<char>(*group_masks)) % 16 != 0) {
-    TVM_FFI_THROW(ValueError) << "group_masks must start at a 16-byte boundary (the kernel copies 16 bytes at a time)";
-  }
   check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
   check_contiguous(*group_length, "group_length");
 }

@@ -63,7 +63,7 @@ struct PrefillParams {
   // in the other launch, which skips the rows of the first kind. group_length == nullptr: no groups.
   int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
   const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, in order of first occurrence
-  // [ceil(s_q / G), group_mask_blocks(G * TOPK), group_mask_words(G)]: bit r of [k][b][t]: entry
+  // [ceil(s_q / G), group_mask_blocks(G * TOPK), G]: bit r of [k][b][t]: entry
   // B_TOPK * b + r of group k's list is a slot of its token t (token_groups.cuh)
   const uint64_t* group_masks;
   const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1

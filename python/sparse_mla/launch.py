@@ -27,10 +27,10 @@ from sparse_mla.validate import HEAD_BLOCK
 
 __all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan", "token_group_lists"]
 
+
 class _Device(NamedTuple):
     capability: tuple[int, int]
     num_sms: int
-    l2_bytes: int
 
 
 # What the launch plan needs of each device, per device index, read once: torch caches device
@@ -42,8 +42,7 @@ def _device(index: int) -> _Device:
     device = _DEVICES.get(index)
     if device is None:
         props = torch.cuda.get_device_properties(index)
-        device = _DEVICES.setdefault(
-            index, _Device((props.major, props.minor), props.multi_processor_count, props.L2_cache_size))
+        device = _DEVICES.setdefault(index, _Device((props.major, props.minor), props.multi_processor_count))
     return device
 
 
@@ -91,19 +90,19 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 
 # Token groups (traits.cuh and token_groups.cuh): heads up to which the narrow tile and groups apply,
 # list entries per block of a group's masks, tokens per group at most (one owner bit each), slots per
-# group at most (the pre-pass's hash table in shared memory), and how many union entries per valid slot
-# of its tokens a group may have and still run grouped. Measured on an H200 (benchmarks/notes/2026-12-01.md, Experiment 38): a grouped entry
-# costs about 1.16 of a 64-head token's slot, a token's slot in the narrow tile 0.88, so the union pays
-# below ~0.75 entries per slot; 0.7 leaves a margin. Where the kv rows outgrow the L2 cache, a group
-# reads each of its rows from DRAM, while the narrow tile's neighbouring tokens, in flight together,
-# share the rows they both selected in L2: at s_kv 128K (75 MB of rows, the H200's L2 50 MB) a grouped
-# entry cost 1.7 narrow slots, so the union pays below ~0.59, less the pre-pass: 0.55.
+# group at most (the pre-pass's owner bytes in shared memory), and how many union entries per valid
+# slot of its tokens a group may have and still run grouped. A group weighs its list in the grouped
+# tile against its tokens' slots in the narrow tile; the pre-pass is paid either way. Measured on an
+# H200 (benchmarks/notes/2026-12-01.md, Experiment 42): a grouped entry costs 1.10-1.23 of a 64-head
+# token's slot (2 to 8 tokens per group), a narrow slot 0.88, so a union pays below ~0.72-0.80 entries
+# per slot. Where the kv rows outgrow L2 (s_kv 128K) a group reads its rows from DRAM: there unions
+# of 0.65-0.75 ran 1.3% slower grouped than narrow, while falling back left the pre-pass (5%) unpaid
+# for, so one threshold holds for both.
 NARROW_HEADS = 32
 _B_TOPK = 64
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
-MAX_UNION_RATIO = 0.7
-MAX_UNION_RATIO_COLD = 0.55
+MAX_UNION_RATIO = 0.75
 
 
 def group_size(h_q: int, topk: int) -> int:
@@ -112,11 +111,6 @@ def group_size(h_q: int, topk: int) -> int:
         return 1
     size = min(_MAX_GROUP, HEAD_BLOCK // h_q, _MAX_GROUP_SLOTS // topk)
     return size if size >= 2 else 1
-
-
-def max_union_ratio(kv_row_bytes: int, s_kv: int, l2_bytes: int) -> float:
-    """Entries per valid slot up to which a group runs grouped: lower where the kv rows do not fit L2."""
-    return MAX_UNION_RATIO if s_kv * kv_row_bytes <= l2_bytes else MAX_UNION_RATIO_COLD
 
 
 def num_sms(index: int) -> int:
@@ -148,7 +142,8 @@ def launch(
 
     ``module`` is the kernel module to launch, by default the one of the call's (d_qk, topk) key;
     ``benchmarks/experiments`` passes modules built from other sources, to time them side by side.
-    ``token_groups``: ``auto``, ``always`` (every group grouped) or ``never``; by default
+    ``token_groups``: ``auto``, ``always`` (every group grouped, save those in which a token selects a row
+    more than once) or ``never``; by default
     ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
     """
     if q.shape[0] == 0:
@@ -164,7 +159,7 @@ def launch(
     group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
     if group > 1:
         _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                             sm_scale, group, every_group=mode == "always", l2_bytes=_device(device_index).l2_bytes)
+                             sm_scale, group, every_group=mode == "always")
         return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
     split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)
@@ -204,15 +199,15 @@ def _scalar(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                         sm_scale: float, group: int, every_group: bool, l2_bytes: int) -> None:
-    """The pre-pass, then the grouped launch and (unless every group runs grouped) the launch of the other
-    groups' tokens, without a tail split. The lists are per call, from torch's caching allocator on the
-    current stream (CUDA-graph safe)."""
+                         sm_scale: float, group: int, every_group: bool) -> None:
+    """The pre-pass, then the grouped launch and the launch of the other groups' tokens, without a tail
+    split. The lists are per call, from torch's caching allocator on the current stream (CUDA-graph
+    safe)."""
     s_q, h_q, _ = q.shape
     lists = token_group_lists(q.device, s_q, group, indices.shape[2])
-    ratio = float("inf") if every_group else max_union_ratio(kv.shape[-1] * kv.element_size(), kv.shape[0], l2_bytes)
+    ratio = float("inf") if every_group else MAX_UNION_RATIO
     getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio, *lists)
-    for grouped in (True,) if every_group else (True, False):
+    for grouped in (True, False):
         getattr(module, ENTRY_FUNCTION)(
             q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length, out, max_logits, lse,
             sm_scale, s_q, 1, None, None, group, *lists, grouped,
@@ -222,10 +217,10 @@ def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, t
 def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
     """The pre-pass's outputs for s_q tokens in groups of ``group`` (uninitialized, from torch's caching
     allocator on the current stream): per group its list of kv rows (int32), its tokens' masks (per block
-    of 64 entries that a pair of blocks can read, one 64-bit word per token, the count rounded up to even;
-    traits.cuh) and its length (int32)."""
+    of 64 entries that a pair of blocks can read, one 64-bit word per token; traits.cuh) and its length
+    (int32)."""
     groups = (s_q + group - 1) // group
     mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
     return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
-            torch.empty((groups, mask_blocks, group + group % 2), dtype=torch.int64, device=device),
+            torch.empty((groups, mask_blocks, group), dtype=torch.int64, device=device),
             torch.empty((groups,), dtype=torch.int32, device=device))

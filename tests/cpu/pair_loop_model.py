@@ -77,9 +77,8 @@ class KernelOrder:
     # (narrow.cuh, h_q <= NARROW_HEADS: the same pair loop, but the exact path exchanges per-warp head
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
     # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
-    # order over a token group, the producer copying each token's valid bits (the pre-pass's masks)
-    # into group_valid with the block's rows and the softmax reading its rows' tokens from row_token,
-    # which the setup writes before the kernel's __syncthreads; no split merge).
+    # order over a token group, the producer copying each tile row's valid bits (its token's mask from
+    # the pre-pass) into row_valid with the block's rows; no split merge).
     tile: str = "wide"
 
     def __post_init__(self):
@@ -134,6 +133,10 @@ class Event:
 # Constructors, one per kind of statement.
 def cp_async_16(buffer):
     return Event("cp.async", "cp_async_16", buffer)
+
+
+def cp_async_8(buffer):
+    return Event("cp.async", "cp_async_8", buffer)
 
 
 def cp_async_commit_group():
@@ -236,7 +239,7 @@ def producer_events(order, units):
                 if gp >= NUM_STAGES:
                     p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
                 if order.tile == "grouped":  # the masks travel with the rows, in the block's copy group
-                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_16(f"group_valid[{stage}][{b}]"))
+                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_8(f"row_valid[{stage}][{b}]"))
                     valid = None
                 else:
                     p(cp_async_16(f"kv[{stage}][{b}]"))
@@ -359,8 +362,7 @@ def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
     """softmax_to_probs (consumer.cuh)."""
     probs = f"probs[{buf}][{wg}]"
     if order.tile == "grouped":
-        c(ld_shared("row_token", "the rows' tokens (written before __syncthreads, read-only after)"),
-          ld_shared(f"group_valid[{stage}][{wg}]", "the rows' tokens' valid bits (RowMask::of_rows)"))
+        c(ld_shared(f"row_valid[{stage}][{wg}]", "the rows' valid bits (RowMask::of_rows)"))
     else:
         c(ld_shared(f"valid[{stage}][{wg}]", "ss.valid (softmax_to_probs' argument)"))
     c(st_shared(probs, "write_probs"),

@@ -78,12 +78,12 @@ def test_the_grouped_valid_bits_are_ordered_like_the_wide_ones():
     """Per-token valid bits copied after the block's kv_full arrival would race with the softmax."""
     roles = kernel_roles(GROUPED_ORDER, FIRST_EXACT)
     events = list(roles["producer"])
-    copy = next(i for i, e in enumerate(events) if e.op == "cp.async" and e.target == "group_valid[0][1]")
+    copy = next(i for i, e in enumerate(events) if e.op == "cp.async" and e.target == "row_valid[0][1]")
     moved = events.pop(copy)
     arrival = next(i for i, e in enumerate(events) if e.op == "mbarrier.arrive" and e.target == "kv_full[0][1]")
     events.insert(arrival + 1, moved)
     findings = check({**roles, "producer": events})
-    assert any("group_valid[0][1]: read-after-write" in str(f) for f in findings), report(findings)
+    assert any("row_valid[0][1]: read-after-write" in str(f) for f in findings), report(findings)
 
 
 def test_the_narrow_tile_keeps_alpha_in_registers():

@@ -54,24 +54,6 @@ def test_group_size(h_q, topk, size):
         assert size * h_q <= launch.HEAD_BLOCK and size * topk <= launch._MAX_GROUP_SLOTS
 
 
-H200_L2_BYTES = 50 * 2**20
-
-
-@pytest.mark.parametrize(
-    "s_kv, ratio",
-    [
-        (32768, launch.MAX_UNION_RATIO),        # 19 MB of 576-byte rows: in L2
-        (65536, launch.MAX_UNION_RATIO),        # 38 MB
-        (91022, launch.MAX_UNION_RATIO),        # the last that fits
-        (91023, launch.MAX_UNION_RATIO_COLD),
-        (131072, launch.MAX_UNION_RATIO_COLD),  # 75 MB: each group's rows come from DRAM
-    ],
-)
-def test_the_union_may_be_larger_where_kv_fits_l2(s_kv, ratio):
-    assert launch.max_union_ratio(576, s_kv, H200_L2_BYTES) == ratio
-    assert launch.MAX_UNION_RATIO_COLD < launch.MAX_UNION_RATIO
-
-
 @pytest.mark.parametrize("value, mode", [(None, "auto"), ("", "auto"), ("always", "always"), (" Never ", "never")])
 def test_the_switch(monkeypatch, value, mode):
     if value is None:

@@ -357,7 +357,7 @@ def test_a_gpu_that_is_not_hopper_is_refused_before_the_jit(monkeypatch):
 
     monkeypatch.setattr(launch, "_DEVICES", {})
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda index: SimpleNamespace(major=8, minor=0, multi_processor_count=108, L2_cache_size=40 << 20))
+                        lambda index: SimpleNamespace(major=8, minor=0, multi_processor_count=108))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(launch, "get_module", lambda key: pytest.fail("reached the JIT"))
     args = valid_args()

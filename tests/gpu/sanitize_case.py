@@ -16,7 +16,8 @@
 - ``groups``: token groups (h_q 16, 4 tokens per group) with more groups than CTAs: half the groups
   share most of their slots, half do not, so in the automatic mode grouped and narrow units (each
   launch skipping the other's) follow each other on every CTA; then every group grouped. topk 512,
-  topk_length 0 / 100 / 512 in turn, hostile indices, duplicates, NaN rows behind invalid slots, sinks.
+  topk_length 0 / 100 / 512 in turn, hostile indices, duplicates in every fourth group (which falls
+  back), NaN rows behind invalid slots, sinks.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -36,6 +37,7 @@ from sparse_mla.testing import (
     make_inputs,
     poisoned_outputs,
     reference_prefill,
+    with_duplicated_groups,
     with_shared_neighbours,
 )
 
@@ -81,12 +83,13 @@ def groups_cases(seed: int):
     topk, group = 512, 4
     s_q = group * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 1) + 3
     inputs = make_inputs(
-        s_q=s_q, s_kv=4096, h_q=16, d_qk=576, topk=topk, seed=seed, invalid="hostile", duplicates=True,
-        nan_kv_rows=True, attn_sink="special",
+        s_q=s_q, s_kv=4096, h_q=16, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
+        attn_sink="special",
     )
     shared = with_shared_neighbours(inputs, group, 0.9, seed)
     half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
     inputs["indices"] = torch.where(half, shared["indices"], inputs["indices"]).contiguous()
+    inputs = with_duplicated_groups(inputs, group, seed=seed)  # every other overlapping group
     inputs["topk_length"] = torch.tensor([(0, 100, topk)[i % 3] for i in range(s_q)], dtype=torch.int32, device="cuda")
     for mode in ("auto", "always"):
         os.environ["SPARSE_MLA_TOKEN_GROUPS"] = mode  # read by the call that follows the yield

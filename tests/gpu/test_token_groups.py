@@ -16,7 +16,8 @@ import torch
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists
-from sparse_mla.testing import PRESETS, make_inputs, realistic_indices, with_shared_neighbours
+from sparse_mla.testing import (PRESETS, make_inputs, realistic_indices, with_duplicated_groups,
+                                with_shared_neighbours)
 
 pytestmark = pytest.mark.gpu
 
@@ -26,10 +27,10 @@ def describe(seed: int, **fields) -> str:
 
 
 def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio: float):
-    """The pre-pass's rule on the host: per group, in order of first occurrence over (token, slot), a
-    row selected once by some tokens (owned by them, at the slot of the lowest), and each occurrence of
-    a row that a token selected more than once (owned by that token alone). Returns per group
-    (entries, owners, length)."""
+    """The pre-pass's rule on the host: per group, in order of first occurrence over (token, slot), each
+    distinct valid row once, owned by the tokens that selected it; length -1 (the group runs token by
+    token) where some token selected a row more than once or the list holds more than ``ratio`` entries
+    per valid slot. Returns per group (entries, owners, length)."""
     rows = indices[:, 0].cpu().tolist()
     s_q, topk = len(rows), len(rows[0])
     lengths = [topk] * s_q if topk_length is None else [min(max(n, 0), topk) for n in topk_length.cpu().tolist()]
@@ -37,23 +38,14 @@ def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio:
     for first in range(0, s_q, group):
         tokens = range(first, min(first + group, s_q))
         valid = {t: [v for v in rows[t][: lengths[t]] if 0 <= v < s_kv] for t in tokens}
-        counts = {t: {} for t in tokens}
+        owners_of: dict[int, int] = {}  # insertion order: first occurrence
         for t in tokens:
             for v in valid[t]:
-                counts[t][v] = counts[t].get(v, 0) + 1
-        entries, owners = [], []
-        for t in tokens:
-            for v in valid[t]:
-                once = [u for u in tokens if counts[u].get(v) == 1]
-                if counts[t][v] > 1:
-                    entries.append(v)
-                    owners.append(1 << (t - first))
-                elif once[0] == t:
-                    entries.append(v)
-                    owners.append(sum(1 << (u - first) for u in once))
+                owners_of[v] = owners_of.get(v, 0) | 1 << (t - first)
         n_valid = sum(len(valid[t]) for t in tokens)
-        pays = len(entries) == 0 or len(entries) <= ratio * n_valid
-        result.append((entries, owners, len(entries) if pays else -1))
+        duplicate = any(len(set(valid[t])) < len(valid[t]) for t in tokens)
+        pays = not duplicate and (len(owners_of) == 0 or len(owners_of) <= ratio * n_valid)
+        result.append((list(owners_of), list(owners_of.values()), len(owners_of) if pays else -1))
     return result
 
 
@@ -90,7 +82,7 @@ def mask_owners(masks: torch.Tensor, group: int, entries: int) -> list[int]:
 )
 def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind):
     s_kv = 4096
-    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed, duplicates=kind == "duplicates",
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed,
                          invalid="hostile" if kind == "hostile" else "none",
                          topk_length="random" if kind == "lengths" else None)
     group = group_size(h_q, topk)
@@ -98,6 +90,8 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
         inputs["indices"] = realistic_indices(s_q, s_kv, topk, seed=seed, **PRESETS["realistic-glm"])
     elif kind != "hostile":
         inputs = with_shared_neighbours(inputs, group, 0.8, seed)
+    if kind == "duplicates":
+        inputs = with_duplicated_groups(inputs, group, seed=seed)
     if kind == "lengths":
         inputs["topk_length"][::5] = 0
     context = describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group)
@@ -110,9 +104,9 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
                 continue  # a group that falls back writes no list (ratio inf checks every group's)
             n = len(entries)
             assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
-            # Every block a pair reads: the owners, then no bit past the list (nor in the even word past G).
+            # Every block a pair reads: the owners, then no bit past the list.
             read_blocks = (n + 127) // 128 * 2
-            padded = mask_owners(got_masks[k, :read_blocks], group + group % 2, read_blocks * 64)
+            padded = mask_owners(got_masks[k, :read_blocks], group, read_blocks * 64)
             assert padded[:n] == owners, f"{context}, ratio {ratio}: group {k} owners"
             assert not any(padded[n:]), f"{context}, ratio {ratio}: group {k} masks past its list"
 
@@ -135,13 +129,18 @@ GROUPED_CASES = [
 def test_grouped_results_match_the_reference(check_prefill, seed, monkeypatch, mode, s_q, s_kv, h_q, d_qk, topk,
                                              options):
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
-    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, seed=seed, **options)
+    duplicates = options.get("duplicates", False)
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, seed=seed,
+                         **dict(options, duplicates=False))
     group = group_size(h_q, topk)
     assert group > 1
-    # Half the groups overlap (they run grouped in the automatic mode), half are as drawn.
+    # Half the groups overlap (they run grouped in the automatic mode), half are as drawn; with
+    # duplicates, every other overlapping group has them too (it falls back in either mode).
     overlapped = with_shared_neighbours(inputs, group, 0.9, seed)
     half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
     inputs["indices"] = torch.where(half, overlapped["indices"], inputs["indices"]).contiguous()
+    if duplicates:
+        inputs = with_duplicated_groups(inputs, group, seed=seed)
     if options.get("topk_length"):
         inputs["topk_length"][1::group] = 0  # a token without slots inside a group
     check_prefill(inputs, describe(seed, s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, mode=mode, **options))
@@ -169,9 +168,9 @@ def test_uniform_selections_fall_back_to_the_narrow_tile(seed):
 @pytest.mark.parametrize("mode", ["always", "auto"])
 def test_repeated_launches_are_bitwise_identical(prefill_fwd, seed, monkeypatch, mode):
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
-    inputs = make_inputs(s_q=517, s_kv=8192, h_q=16, topk=2048, seed=seed, duplicates=True, topk_length="random",
-                         attn_sink="random")
-    inputs = with_shared_neighbours(inputs, group_size(16, 2048), 0.9, seed)
+    inputs = make_inputs(s_q=517, s_kv=8192, h_q=16, topk=2048, seed=seed, topk_length="random", attn_sink="random")
+    group = group_size(16, 2048)
+    inputs = with_duplicated_groups(with_shared_neighbours(inputs, group, 0.9, seed), group, seed=seed)
     first = prefill_fwd(**inputs)
     for _ in range(5):
         again = prefill_fwd(**inputs)

@@ -21,6 +21,7 @@ from sparse_mla.testing.index_patterns import (
     index_overlap_stats,
     realistic_indices,
     shared_neighbour_indices,
+    with_duplicated_groups,
     with_shared_neighbours,
 )
 from sparse_mla.testing.inputs import (
@@ -72,5 +73,6 @@ __all__ = [
     "reference_prefill",
     "relative_error",
     "shared_neighbour_indices",
+    "with_duplicated_groups",
     "with_shared_neighbours",
 ]

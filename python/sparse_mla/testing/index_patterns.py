@@ -27,6 +27,7 @@ __all__ = [
     "index_overlap_stats",
     "realistic_indices",
     "shared_neighbour_indices",
+    "with_duplicated_groups",
     "with_shared_neighbours",
 ]
 
@@ -141,6 +142,22 @@ def with_shared_neighbours(inputs: dict, group: int, shared: float, seed: Option
         replace[row, 0] = (counts[inverse] == 1) & (values >= 0) & (values < kv.shape[0])
     result = dict(inputs)
     result["indices"] = torch.where(replace, clean[drawn.long()], indices).contiguous()
+    return result
+
+
+def with_duplicated_groups(inputs: dict, group: int, every: int = 4, seed: Optional[int] = None) -> dict:
+    """``make_inputs``' arguments in which the rows of every ``every``-th run of ``group`` adjacent rows
+    (runs 0, every, 2 * every, ...) have a quarter of their slots copied from other slots of the same
+    row: token groups in which a token selects a row more than once, which run token by token, among
+    groups that do not."""
+    indices = inputs["indices"][:, 0]
+    s_q, topk = indices.shape
+    generator = _generator(seed, indices.device)
+    source = torch.randint(0, topk, (s_q, topk), generator=generator, device=indices.device)
+    rows = (torch.arange(s_q, device=indices.device) // group % every == 0).view(s_q, 1)
+    copy = (torch.rand(s_q, topk, generator=generator, device=indices.device) < 0.25) & rows
+    result = dict(inputs)
+    result["indices"] = torch.where(copy, indices.gather(1, source), indices).view(s_q, 1, topk).contiguous()
     return result
 
 

@@ -195,10 +195,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
                                                  int buf, float scale_log2, ConsumerState& st) {
   if constexpr (TILE == Tile::kGrouped) {
     const ConsumerThread thread = consumer_thread();
-    // The rows' tokens from shared memory, not registers: the pair loop has none to spare.
     const int row = frag_row(thread.warp, thread.g, 0);
-    const RowMask mask = RowMask::of_rows(ss.group_valid[stage][wg][ss.row_token[row]],
-                                          ss.group_valid[stage][wg][ss.row_token[row + 8]], thread.c);
+    const RowMask mask = RowMask::of_rows(ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8], thread.c);
     return softmax_to_probs(ss, BlockLogits<RowMask>{s, mask, scale_log2}, mask.valid == ~0u, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];

@@ -65,9 +65,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       }
     }
   }
-  if (TILE == Tile::kGrouped && threadIdx.x < B_H) {
-    ss.row_token[threadIdx.x] = static_cast<uint8_t>(min(static_cast<int>(threadIdx.x) / params.h_q, params.group_size - 1));
-  }
   __syncthreads();
 
   // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh). A skipped

@@ -98,13 +98,13 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
   const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
-  // A token group's masks (token_groups.cuh), 16 bytes per copying thread: threads 0 .. words / 2 - 1
-  // of warp 0 copy those of each block into group_valid with the block's rows (a group's unit starts
-  // at its list's first entry).
-  const int mask_words = GROUPED ? group_mask_words(params.group_size) : 0;
-  const bool copies_masks = GROUPED && warp == 0 && 2 * lane < mask_words;
+  // A token group's masks (token_groups.cuh): thread r < B_H copies, with each block's rows, the mask
+  // of tile row r's token into row_valid[..][r] (a group's unit starts at its list's first entry).
+  const int group_size = params.group_size, mask_row = 32 * warp + lane;
+  const bool copies_mask = GROUPED && mask_row < B_H;
   const uint64_t* block_masks =
-      GROUPED ? params.group_masks + static_cast<int64_t>(w.item) * group_mask_blocks(params.group_size * TOPK) * mask_words + 2 * lane
+      GROUPED ? params.group_masks + static_cast<int64_t>(w.item) * group_mask_blocks(group_size * TOPK) * group_size +
+                    min(mask_row / params.h_q, group_size - 1)
               : nullptr;
 
   int32_t index[2][2];  // [block of the pair][row k]
@@ -137,9 +137,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       }
       if constexpr (GROUPED) {
         // Every entry of the list is valid and the masks are 0 past it: they are the valid bits.
-        if (copies_masks) {
-          cp_async_16(smem_addr(&ss.group_valid[stage.index][b][2 * lane]), block_masks + (2 * pair + b) * mask_words, true);
-        }
+        if (copies_mask) cp_async_8(smem_addr(&ss.row_valid[stage.index][b][mask_row]), block_masks + (2 * pair + b) * group_size);
         cp_async_commit();
       } else {
         cp_async_commit();

@@ -37,11 +37,9 @@ enum class Tile {
 
 // A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
-// list of `slots` entries), group_mask_words(G) 8-byte words: G rounded up to even, so that 16-byte
-// copies move them; word t < G is token t's (bit r: entry r of the block is a slot of token t), a
-// word past G is 0.
+// list of `slots` entries), one 64-bit word per token t of the group (bit r: entry r of the block is
+// a slot of token t).
 __host__ __device__ constexpr int group_mask_blocks(int slots) { return (slots + 2 * B_TOPK - 1) / (2 * B_TOPK) * 2; }
-__host__ __device__ constexpr int group_mask_words(int group_size) { return group_size + (group_size & 1); }
 
 // topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
@@ -104,12 +102,10 @@ struct SharedStorage {
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
   // Token groups' members last, so that the other members keep their offsets in every tile's code.
-  alignas(16) uint64_t group_valid[NUM_STAGES][2][MAX_GROUP];  // token groups: bit r of [stage][block][t]:
-                                                               // row r of the block is a valid slot of the
-                                                               // group's token t (copied by cp.async)
-  uint8_t row_token[B_H];   // token groups: the token t of each tile row (clamped to the group's last
-                            // for rows past the group's, which are zero in Q and never stored); written
-                            // before the kernel's first __syncthreads, read-only after
+  uint64_t row_valid[NUM_STAGES][2][B_H];  // token groups: bit r of [stage][block][row]: slot r of the
+                                           // block is valid for the token of tile row `row` (its mask,
+                                           // copied by cp.async; rows past the group's take its last
+                                           // token's: they are zero in Q and never stored)
 };
 
 // Arrivals that complete q_full and kv_full: one per producer thread, once its copies landed and were
