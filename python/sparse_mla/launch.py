@@ -93,7 +93,7 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # group at most (the pre-pass's owner bytes in shared memory), and how many union entries per valid
 # slot of its tokens a group may have and still run grouped. A group weighs its list in the grouped
 # tile against its tokens' slots in the narrow tile; the pre-pass is paid either way. Measured on an
-# H200 (benchmarks/notes/2026-12-01.md, Experiment 42): a grouped entry costs 1.10-1.23 of a 64-head
+# H200 (benchmarks/notes/2026-12-01.md, Experiments 42, 44): a grouped entry costs 1.10-1.23 of a 64-head
 # token's slot (2 to 8 tokens per group), a narrow slot 0.88, so a union pays below ~0.72-0.80 entries
 # per slot. Where the kv rows outgrow L2 (s_kv 128K) a group reads its rows from DRAM: there unions
 # of 0.65-0.75 ran 1.3% slower grouped than narrow, while falling back left the pre-pass (5%) unpaid
@@ -143,8 +143,7 @@ def launch(
     ``module`` is the kernel module to launch, by default the one of the call's (d_qk, topk) key;
     ``benchmarks/experiments`` passes modules built from other sources, to time them side by side.
     ``token_groups``: ``auto``, ``always`` (every group grouped, save those in which a token selects a row
-    more than once) or ``never``; by default
-    ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
+    more than once) or ``never``; by default ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
     """
     if q.shape[0] == 0:
         return  # s_q = 0: empty outputs, nothing to launch

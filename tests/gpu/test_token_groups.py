@@ -69,6 +69,25 @@ def mask_owners(masks: torch.Tensor, group: int, entries: int) -> list[int]:
     return [sum(((words[e // 64][t] >> (e % 64)) & 1) << t for t in range(group)) for e in range(entries)]
 
 
+def assert_lists_follow_the_rule(inputs: dict, group: int, context: str) -> None:
+    """The pre-pass's lists, at the package's threshold and at an infinite one, against host_lists."""
+    s_kv = inputs["kv"].shape[0]
+    for ratio in (MAX_UNION_RATIO, float("inf")):
+        got_indices, got_masks, got_length = device_lists(inputs, group, ratio)
+        for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
+                                                                 group, ratio)):
+            assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
+            if length < 0:
+                continue  # a group that falls back writes no list (ratio inf checks every group's)
+            n = len(entries)
+            assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
+            # Every block a pair reads: the owners, then no bit past the list.
+            read_blocks = (n + 127) // 128 * 2
+            padded = mask_owners(got_masks[k, :read_blocks], group, read_blocks * 64)
+            assert padded[:n] == owners, f"{context}, ratio {ratio}: group {k} owners"
+            assert not any(padded[n:]), f"{context}, ratio {ratio}: group {k} masks past its list"
+
+
 @pytest.mark.parametrize(
     "s_q, h_q, topk, kind",
     [
@@ -94,21 +113,19 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
         inputs = with_duplicated_groups(inputs, group, seed=seed)
     if kind == "lengths":
         inputs["topk_length"][::5] = 0
-    context = describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group)
-    for ratio in (MAX_UNION_RATIO, float("inf")):
-        got_indices, got_masks, got_length = device_lists(inputs, group, ratio)
-        for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
-                                                                 group, ratio)):
-            assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
-            if length < 0:
-                continue  # a group that falls back writes no list (ratio inf checks every group's)
-            n = len(entries)
-            assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
-            # Every block a pair reads: the owners, then no bit past the list.
-            read_blocks = (n + 127) // 128 * 2
-            padded = mask_owners(got_masks[k, :read_blocks], group, read_blocks * 64)
-            assert padded[:n] == owners, f"{context}, ratio {ratio}: group {k} owners"
-            assert not any(padded[n:]), f"{context}, ratio {ratio}: group {k} masks past its list"
+    assert_lists_follow_the_rule(inputs, group, describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group))
+
+
+def test_kv_rows_past_one_owner_map_are_mapped_in_chunks(check_prefill, seed):
+    """More kv rows than the pre-pass's owner map holds (196,608): it covers them in chunks, walking the
+    group's slots once per chunk; the lists and the call's results are the same rule's."""
+    s_q, s_kv, h_q, topk = 24, 500_000, 16, 512
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed, invalid="hostile")
+    group = group_size(h_q, topk)
+    inputs = with_duplicated_groups(with_shared_neighbours(inputs, group, 0.8, seed), group, seed=seed)
+    context = describe(seed, s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, group=group)
+    assert_lists_follow_the_rule(inputs, group, context)
+    check_prefill(inputs, context)
 
 
 GROUPED_CASES = [
