@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from sparse_mla.testing.inputs import _generator
+from sparse_mla.testing.inputs import _CORNER_SHARE, _generator, _random_mask
 
 __all__ = [
     "PRESETS",
@@ -147,15 +147,15 @@ def with_shared_neighbours(inputs: dict, group: int, shared: float, seed: Option
 
 def with_duplicated_groups(inputs: dict, group: int, every: int = 4, seed: Optional[int] = None) -> dict:
     """``make_inputs``' arguments in which the rows of every ``every``-th run of ``group`` adjacent rows
-    (runs 0, every, 2 * every, ...) have a quarter of their slots copied from other slots of the same
-    row: token groups in which a token selects a row more than once, which run token by token, among
-    groups that do not."""
+    (runs 0, every, 2 * every, ...) have their slots duplicated as ``make_inputs(duplicates=True)``
+    does (a quarter of them copied from other slots of the same row): token groups in which a token
+    selects a row more than once, which run token by token, among groups that do not."""
     indices = inputs["indices"][:, 0]
     s_q, topk = indices.shape
     generator = _generator(seed, indices.device)
     source = torch.randint(0, topk, (s_q, topk), generator=generator, device=indices.device)
     rows = (torch.arange(s_q, device=indices.device) // group % every == 0).view(s_q, 1)
-    copy = (torch.rand(s_q, topk, generator=generator, device=indices.device) < 0.25) & rows
+    copy = _random_mask((s_q, topk), _CORNER_SHARE, generator, indices.device) & rows
     result = dict(inputs)
     result["indices"] = torch.where(copy, indices.gather(1, source), indices).view(s_q, 1, topk).contiguous()
     return result
