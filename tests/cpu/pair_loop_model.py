@@ -305,7 +305,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
     c(mbarrier_wait(f"kv_full[{stage}][{wg}]", pair_base // NUM_STAGES))
     if order.proxy_fence in ("consumer", "softmax"):
         c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-    c(*_issue_qk(stage, wg, narrow), warpgroup_wait(0))
+    c(*_issue_qk(stage, wg, narrow), *_grouped_row_mask(order, stage, wg), warpgroup_wait(0))
     softmax(c, order, unit.softmax[0] == "E", stage, 0, wg, _acquire_in_softmax(order, unit, pair_base, 1, wg))
 
     for pair in range(n_pairs):
@@ -325,7 +325,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
                 c(mbarrier_wait(f"kv_full[{next_stage}][{wg}]", (gp + 1) // NUM_STAGES))
             if order.proxy_fence == "consumer":
                 c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-            c(*_issue_qk(next_stage, wg, narrow))
+            c(*_issue_qk(next_stage, wg, narrow), *_grouped_row_mask(order, next_stage, wg))
             c.at(unit_count, pair)
         c(mbarrier_wait(f"kv_full[{stage}][{1 - wg}]", phase, "mbarrier_wait (the other block)"),
           ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"), *_issue_pv(buf, 0, narrow),
@@ -354,6 +354,12 @@ def _issue_qk(stage, wg, narrow=False):
     return [wgmma(name, "q"), wgmma(name, f"kv[{stage}][{wg}]"), warpgroup_commit_batch()]
 
 
+def _grouped_row_mask(order, stage, wg):
+    """grouped_row_mask (consumer.cuh), right after the pair's Q.K^T issue: the rows' valid bits that
+    the pair's softmax masks with."""
+    return [ld_shared(f"row_valid[{stage}][{wg}]", "the rows' valid bits (grouped_row_mask)")] if order.tile == "grouped" else []
+
+
 def _issue_pv(buf, block, narrow=False):
     return [wgmma("issue_pv_narrow" if narrow else "issue_pv", f"probs[{buf}][{block}]"), warpgroup_commit_batch()]
 
@@ -361,9 +367,7 @@ def _issue_pv(buf, block, narrow=False):
 def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
     """softmax_to_probs (consumer.cuh)."""
     probs = f"probs[{buf}][{wg}]"
-    if order.tile == "grouped":
-        c(ld_shared(f"row_valid[{stage}][{wg}]", "the rows' valid bits (RowMask::of_rows)"))
-    else:
+    if order.tile != "grouped":  # the grouped tile's row_valid was read after the pair's Q.K^T issue
         c(ld_shared(f"valid[{stage}][{wg}]", "ss.valid (softmax_to_probs' argument)"))
     c(st_shared(probs, "write_probs"),
       *acquire_next,

@@ -182,8 +182,19 @@ struct BlockLogits {
   }
 };
 
+// The grouped tile's mask of this thread's two rows for consumer wg's block of stage `stage`. The pair
+// loop loads it right after it issues the pair's Q.K^T, so that the loads and the bit shuffling
+// overlap the tensor cores: at the softmax's start they delayed it (0.5-1.5% of a grouped call), and
+// the mask lived in spilled registers. frag_row(warp, g, 0) and c come from the thread index alone:
+// through consumer_thread()'s warp shuffle, the loads would wait for the shuffle.
+template <int D_QK>
+__device__ __forceinline__ RowMask grouped_row_mask(const SharedStorage<D_QK>& ss, int stage, int wg) {
+  const int tid = static_cast<int>(threadIdx.x), row = ((tid >> 1) & 0x30) | ((tid >> 2) & 7);
+  return RowMask::of_rows(ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8], tid & 3);
+}
+
 // Online softmax of one pair: logits s and valid bits of this consumer's block of the pair (stage
-// `stage` of the ring; in a token group, each row's token's) -> P in probs[buf][wg], running
+// `stage` of the ring; in a token group, row_mask: each row's token's) -> P in probs[buf][wg], running
 // statistics in st. Returns whether O must be rescaled (by alpha[wg]) before the pair's P.V.
 // Fast path: P is written against the current references straight away, without exchanging row
 // maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
@@ -192,12 +203,10 @@ struct BlockLogits {
 // (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
-                                                 int buf, float scale_log2, ConsumerState& st) {
+                                                 int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
   if constexpr (TILE == Tile::kGrouped) {
     const ConsumerThread thread = consumer_thread();
-    const int row = frag_row(thread.warp, thread.g, 0);
-    const RowMask mask = RowMask::of_rows(ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8], thread.c);
-    return softmax_to_probs(ss, BlockLogits<RowMask>{s, mask, scale_log2}, mask.valid == ~0u, buf, thread, st);
+    return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
     const ConsumerThread thread = consumer_thread();
@@ -305,9 +314,11 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
   // masks each of its logits before using it, whatever s holds.
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
+  RowMask row_mask{};  // the grouped tile's, of the pair whose softmax comes next
+  if constexpr (TILE == Tile::kGrouped) row_mask = grouped_row_mask(ss, first.index, wg);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st);
+  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
@@ -334,6 +345,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     if (has_next) {
       mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
       if (!ONE_BLOCK || wg == 0) issue_qk(ss, stage.next().index, wg, s);
+      if constexpr (TILE == Tile::kGrouped) row_mask = grouped_row_mask(ss, stage.next().index, wg);
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
@@ -356,7 +368,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st);
+    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st, row_mask);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
