@@ -119,7 +119,9 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
 
   // Per chunk of kv rows (one, unless s_kv > MAX_MAP_ROWS): insert every valid slot whose row lies in
   // it, then let the slot of the lowest token that selected the row make the row's entry.
-  uint32_t valid_slots = 0, emit = 0;
+  // The thread's entries (low 16 bits) and valid slots (high 16 bits), in one register: each at most
+  // MAX_GROUP_SLOTS < 2^16 in a warp, and the pre-pass has no register to spare.
+  uint32_t counts = 0;
   for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv); chunk += map_rows) {
     uint32_t duplicate = 0;  // nonzero: a token selected a row twice
     for_each_slot(
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
           const bool in = valid && row < map_rows;
           const uint32_t bits = in ? (1u << t) << (8 * (row & 3)) : 0u;
           duplicate |= atomicOr(reinterpret_cast<uint32_t*>(map) + (in ? row / 4 : static_cast<uint32_t>(lane)), bits) & bits;
-          if (chunk == 0) valid_slots += valid;
+          if (chunk == 0) counts += static_cast<uint32_t>(valid) << 16;
         });
     if (__syncthreads_or(duplicate != 0)) {  // block-uniform: every thread returns
       if (threadIdx.x == 0) p.group_length[blockIdx.x] = -1;
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
       const uint32_t owners = valid && row < map_rows ? map[row] : 0u;
       if (owners != 0 && static_cast<uint32_t>(__ffs(owners) - 1) == t) {
         slot_owner[slot] = static_cast<uint8_t>(owners);
-        ++emit;
+        ++counts;
       }
     });
     __syncthreads();  // the map is read: the next chunk may clear it
@@ -155,10 +157,9 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
   // The warps' counts scanned: each entry's place in the list.
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) {
-    emit += __shfl_xor_sync(0xffffffffu, emit, d);
-    valid_slots += __shfl_xor_sync(0xffffffffu, valid_slots, d);
+    counts += __shfl_xor_sync(0xffffffffu, counts, d);
   }
-  if (lane == 0) warp_sums[warp] = emit | (valid_slots << 16);  // each at most MAX_GROUP_SLOTS < 2^16
+  if (lane == 0) warp_sums[warp] = counts;
   __syncthreads();
   uint32_t at = 0, total = 0;
 #pragma unroll
