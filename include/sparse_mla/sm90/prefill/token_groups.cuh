@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
         },
         [&](int, uint32_t t, int32_t key, bool valid) {
           // Branch-free, so that a batch's atomics issue back to back (up to 5% faster than a
-          // branch around each): a slot that is not valid, or whose row lies outside the chunk, ORs 0 into
-          // its lane's own word (no two lanes of a warp on one word).
+          // branch around each): a slot that is not valid, or whose row lies outside the chunk,
+          // ORs 0 into its lane's own word (no two lanes of a warp on one word).
           const uint32_t row = static_cast<uint32_t>(key) - chunk;
           const bool in = valid && row < map_rows;
           const uint32_t bits = in ? (1u << t) << (8 * (row & 3)) : 0u;
