@@ -21,7 +21,7 @@ if env.cuda_home() is None:
 
 # The production shapes, and a ragged topk that exercises the masked tail.
 KEYS = [KernelKey(576, 2048), KernelKey(512, 512), KernelKey(576, 100)]
-GROUPED_TILE_SPILL_BYTES = 68  # stack frame, spill stores and loads of the grouped tile, each at most (topk 100)
+GROUPED_TILE_SPILL_BYTES = 8  # stack frame, spill stores and loads of the grouped tile, each at most
 
 
 def prebuild(cache_dir, *args):
@@ -58,8 +58,8 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     frames = dict(zip(kernels, re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)))
     assert len(frames) == len(kernels), log
     for kernel, values in frames.items():
-        # The grouped tile (Tile::kGrouped, mangled TileE2) spills a few registers at the softmax: a
-        # known cost (benchmarks/notes/2026-12-01.md, Experiment 38), bounded here so that it cannot grow.
+        # The grouped tile (Tile::kGrouped, mangled TileE2) spills a register or two (reloaded once a pair)
+        # (benchmarks/notes/2026-12-01.md, Experiments 38 and 46), bounded here so that it cannot grow.
         limit = GROUPED_TILE_SPILL_BYTES if "TileE2E" in kernel else 0
         assert all(int(v) <= limit for v in values), (kernel, values)
 
