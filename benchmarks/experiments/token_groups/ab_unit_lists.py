@@ -6,8 +6,8 @@ Each variant is ``NAME=CACHE_ROOT:KIND`` (KIND ``main`` or ``lists``) of a build
 sparse_mla prebuild --d-qk 576 --topk 2048`` from one source tree. Per index pattern and h_q (8, 16,
 32; 64 for the per-head unit: the wide tile, its items whole), every variant's whole call (the
 pre-pass at union threshold RATIO, then the grouped and the narrow launch, its lists allocated per
-call as the package does; each build called with its own argument list) is timed interleaved with the others (``interleaved_median_ms``), and
-the outputs are compared bitwise with the first variant's. The same root under two names times one
+call as the package does; each build called with its own argument list) is timed interleaved with
+the others (``interleaved_median_ms``), and the outputs are compared bitwise with the first variant's. The same root under two names times one
 build twice: the noise floor. RATIO below the package's threshold (e.g. 0.65 on realistic-dsv4 at
 h_q 32) makes the mixed calls, in which only part of the groups pay, that the unit lists are for.
 
@@ -89,7 +89,8 @@ def main() -> None:
                     calls[name] = grouped_call(module, kind, inputs, outputs, s_kv, h_q, ratio)
             ms = interleaved_median_ms(calls, iters=15)
             first = outs[variants[0][0]]
-            same = all(torch.equal(first["out"], o["out"]) and torch.equal(first["lse"], o["lse"]) for o in outs.values())
+            same = all(torch.equal(first["out"], o["out"]) and torch.equal(first["lse"], o["lse"])
+                       for o in outs.values())
             if h_q == 64:
                 wide = ms
             cells = "  ".join(f"{name} {t:.3f} ms ({t / wide[name] * 64 / h_q:.2f}x)" for name, t in ms.items())
