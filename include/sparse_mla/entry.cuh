@@ -114,17 +114,19 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
 // The token groups' lists (sm90/prefill/token_groups.cuh): group_size 1 and no tensors, or
 // 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
 // group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G]
-// (traits.cuh), group_length int32 [ceil(s_q / G)].
+// (traits.cuh), group_length int32 [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)] (traits.cuh).
 template <int TOPK>
 void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
                            const ffi::Optional<ffi::TensorView>& group_indices,
                            const ffi::Optional<ffi::TensorView>& group_masks,
-                           const ffi::Optional<ffi::TensorView>& group_length) {
+                           const ffi::Optional<ffi::TensorView>& group_length,
+                           const ffi::Optional<ffi::TensorView>& group_units) {
   using sm90::prefill::B_H;
   using sm90::prefill::MAX_GROUP;
   using sm90::prefill::MAX_GROUP_SLOTS;
   const bool groups = group_size > 1;
   if (group_indices.has_value() != groups || group_masks.has_value() != groups || group_length.has_value() != groups ||
+      group_units.has_value() != groups ||
       group_size < 1 || group_size > MAX_GROUP || (groups && (group_size * h_q > B_H || group_size * TOPK > MAX_GROUP_SLOTS))) {
     TVM_FFI_THROW(ValueError) << "inconsistent token groups: group_size " << group_size << " with h_q " << h_q
                               << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
@@ -139,6 +141,8 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
   check_contiguous(*group_masks, "group_masks");
   check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
   check_contiguous(*group_length, "group_length");
+  check_tensor(*group_units, "group_units", device, kDLInt, 32, {sm90::prefill::group_units_size(s_q, group_size)});
+  check_contiguous(*group_units, "group_units");
 }
 
 // The selections: indices [s_q, 1, TOPK] int32 (s_q -1: any), contiguous; topk_length [s_q] int32 or None.
@@ -172,7 +176,8 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  double sm_scale, int64_t split_begin, int64_t split_parts,
                  ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
                  int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
-                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length, bool grouped) {
+                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length,
+                 ffi::Optional<ffi::TensorView> group_units, bool grouped) {
   using detail::check_tensor;
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
@@ -222,7 +227,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
     check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
     detail::check_contiguous(*split_counters, "split_counters");
   }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length);
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
   if ((group_size > 1 && split) || (grouped && group_size == 1)) {
     TVM_FFI_THROW(ValueError) << "token groups run without a tail split, and a grouped launch needs groups";
   }
@@ -263,6 +268,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   params.group_indices = group_size > 1 ? detail::data_of<const int32_t>(*group_indices) : nullptr;
   params.group_masks = group_size > 1 ? detail::data_of<const uint64_t>(*group_masks) : nullptr;
   params.group_length = group_size > 1 ? detail::data_of<const int32_t>(*group_length) : nullptr;
+  params.group_units = group_size > 1 ? detail::data_of<const int32_t>(*group_units) : nullptr;
 
   ffi::CUDADeviceGuard device_guard(device.device_id);
   auto stream =
@@ -277,11 +283,12 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 // The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
 // int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
 // describes. A group whose list holds more than max_union_ratio entries per valid slot gets
-// group_length -1, and its list is left as it was. Launches on the caller's current stream.
+// group_length -1, and its list is left as it was. Each group is appended to a unit list of
+// group_units, whose two counts (group_units[0:2]) must be zero. Launches on the caller's current stream.
 template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
-                      ffi::TensorView group_masks, ffi::TensorView group_length) {
+                      ffi::TensorView group_masks, ffi::TensorView group_length, ffi::TensorView group_units) {
   const DLDevice device = indices.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
   detail::check_selections<TOPK>(indices, topk_length, device, -1);
@@ -290,7 +297,8 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
     TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
                               << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
   }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length);
+  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length,
+                                   group_units);
   if (s_q == 0) return;
   TokenGroupParams params{};
   params.s_q = static_cast<int>(s_q);
@@ -302,6 +310,7 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
   params.group_indices = detail::data_of<int32_t>(group_indices);
   params.group_masks = detail::data_of<uint64_t>(group_masks);
   params.group_length = detail::data_of<int32_t>(group_length);
+  params.group_units = detail::data_of<int32_t>(group_units);
   ffi::CUDADeviceGuard device_guard(device.device_id);
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
   cudaError_t status = sm90::prefill::launch_token_groups<TOPK>(params, stream);

@@ -60,13 +60,16 @@ struct PrefillParams {
   // (G = group_size) form group k, whose union of valid slots prefill_kernel_token_groups lists once. A group
   // whose list has group_length[k] >= 0 entries runs in the grouped launch, one 64-row tile for all
   // its tokens; a group with group_length[k] < 0 (the union would not pay) runs its tokens one by one
-  // in the other launch, which skips the rows of the first kind. group_length == nullptr: no groups.
+  // in the other launch. Each launch takes its units from its own list in group_units (the pre-pass
+  // appends each group to one of them), so that neither walks the other's. group_length == nullptr:
+  // no groups.
   int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
   const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, in order of first occurrence
   // [ceil(s_q / G), group_mask_blocks(G * TOPK), G]: bit r of [k][b][t]: entry
   // B_TOPK * b + r of group k's list is a slot of its token t (token_groups.cuh)
   const uint64_t* group_masks;
   const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1
+  const int32_t* group_units;     // [group_units_size(s_q, G)]: token_groups.cuh's two unit lists
 };
 
 // The arguments of the pre-pass that builds the token groups' lists (token_groups.cuh).
@@ -81,6 +84,7 @@ struct TokenGroupParams {
   int32_t* group_indices;
   uint64_t* group_masks;
   int32_t* group_length;
+  int32_t* group_units;           // its two counts zero at launch
 };
 
 }  // namespace sparse_mla

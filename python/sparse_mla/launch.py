@@ -189,6 +189,7 @@ def launch(
         None,
         None,
         None,
+        None,
         False,
     )
 
@@ -214,12 +215,15 @@ def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, t
 
 
 def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
-    """The pre-pass's outputs for s_q tokens in groups of ``group`` (uninitialized, from torch's caching
-    allocator on the current stream): per group its list of kv rows (int32), its tokens' masks (per block
-    of 64 entries that a pair of blocks can read, one 64-bit word per token; traits.cuh) and its length
-    (int32)."""
+    """The pre-pass's outputs for s_q tokens in groups of ``group`` (from torch's caching allocator on
+    the current stream): per group its list of kv rows (int32), its tokens' masks (per block of 64
+    entries that a pair of blocks can read, one 64-bit word per token; traits.cuh) and its length
+    (int32), uninitialized; and the two launches' unit lists (int32: their two lengths, then at most
+    every group, then at most every token; traits.cuh's group_units_size), zeroed, as the pre-pass,
+    which appends to them, needs them on every run."""
     groups = (s_q + group - 1) // group
     mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
     return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
             torch.empty((groups, mask_blocks, group), dtype=torch.int64, device=device),
-            torch.empty((groups,), dtype=torch.int32, device=device))
+            torch.empty((groups,), dtype=torch.int32, device=device),
+            torch.zeros((2 + groups + s_q,), dtype=torch.int32, device=device))

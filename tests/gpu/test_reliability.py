@@ -167,7 +167,7 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
                     kv_scale=inputs["kv_scale"], attn_sink=None, topk_length=None, out=out,
                     max_logits=stats[0], lse=stats[1], sm_scale=0.04, split_begin=8, split_parts=1,
                     split_workspace=None, split_counters=None, group_size=1, group_indices=None,
-                    group_masks=None, group_length=None, grouped=False)
+                    group_masks=None, group_length=None, group_units=None, grouped=False)
         args.update(changes)
         module.prefill_fwd(*args.values())
 
@@ -198,7 +198,8 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
     # Token groups: lists of the pre-pass's shapes, no tail split, and a grouped launch only with groups.
     lists = dict(group_size=4, group_indices=torch.zeros(2, 256, dtype=torch.int32, device="cuda"),
                  group_masks=torch.zeros(2, 4, 4, dtype=torch.int64, device="cuda"),
-                 group_length=torch.zeros(2, dtype=torch.int32, device="cuda"))
+                 group_length=torch.zeros(2, dtype=torch.int32, device="cuda"),
+                 group_units=torch.zeros(2 + 2 + 8, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="inconsistent token groups: group_size 5 with h_q 16"):
         call(indices=indices, **dict(lists, group_size=5))  # 5 x 16 rows do not fit a tile
     with pytest.raises(ValueError, match="inconsistent token groups: group_size 4"):
@@ -207,6 +208,8 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(indices=indices, **dict(lists, group_indices=lists["group_indices"][:, :128].contiguous()))
     with pytest.raises(ValueError, match="group_masks has the wrong dtype"):
         call(indices=indices, **dict(lists, group_masks=lists["group_indices"].view(2, 4, 64)))
+    with pytest.raises(ValueError, match=r"group_units.shape\[0\] must be 12, got 11"):
+        call(indices=indices, **dict(lists, group_units=lists["group_units"][:11]))
     with pytest.raises(ValueError, match="token groups run without a tail split"):
         call(indices=indices, grouped=True)
     with pytest.raises(ValueError, match="token groups run without a tail split"):

@@ -50,13 +50,15 @@ def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio:
 
 
 def device_lists(inputs: dict, group: int, ratio: float):
-    """The pre-pass's (group_indices, group_masks, group_length), on the host, from poisoned buffers."""
+    """The pre-pass's (group_indices, group_masks, group_length, group_units), on the host, from poisoned
+    buffers (group_units' two counts zero, as the pre-pass needs them)."""
     s_q, h_q, d_qk = inputs["q"].shape
     topk = inputs["indices"].shape[2]
     module = get_module(KernelKey(d_qk=d_qk, topk=topk))
     lists = token_group_lists(inputs["q"].device, s_q, group, topk)
     for tensor in lists:
         tensor.fill_(-7)
+    lists[3][:2].zero_()
     getattr(module, TOKEN_GROUPS_FUNCTION)(inputs["indices"], inputs["topk_length"], inputs["kv"].shape[0], h_q,
                                            group, ratio, *lists)
     return tuple(tensor.cpu() for tensor in lists)
@@ -73,7 +75,9 @@ def assert_lists_follow_the_rule(inputs: dict, group: int, context: str) -> None
     """The pre-pass's lists, at the package's threshold and at an infinite one, against host_lists."""
     s_kv = inputs["kv"].shape[0]
     for ratio in (MAX_UNION_RATIO, float("inf")):
-        got_indices, got_masks, got_length = device_lists(inputs, group, ratio)
+        got_indices, got_masks, got_length, got_units = device_lists(inputs, group, ratio)
+        assert_unit_lists_partition_the_call(got_length, got_units, inputs["q"].shape[0], group,
+                                             f"{context}, ratio {ratio}")
         for k, (entries, owners, length) in enumerate(host_lists(inputs["indices"], inputs["topk_length"], s_kv,
                                                                  group, ratio)):
             assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
@@ -86,6 +90,18 @@ def assert_lists_follow_the_rule(inputs: dict, group: int, context: str) -> None
             padded = mask_owners(got_masks[k, :read_blocks], group, read_blocks * 64)
             assert padded[:n] == owners, f"{context}, ratio {ratio}: group {k} owners"
             assert not any(padded[n:]), f"{context}, ratio {ratio}: group {k} masks past its list"
+
+
+def assert_unit_lists_partition_the_call(length: torch.Tensor, units: torch.Tensor, s_q: int, group: int,
+                                         context: str) -> None:
+    """group_units: the grouped launch's list holds each group of length >= 0 once, the other launch's
+    each token of the other groups once (in any order: the pre-pass appends with atomics)."""
+    groups = length.numel()
+    n_grouped, n_narrow = units[0].item(), units[1].item()
+    grouped = sorted(units[2:2 + n_grouped].tolist())
+    narrow = sorted(units[2 + groups:2 + groups + n_narrow].tolist())
+    assert grouped == [k for k in range(groups) if length[k] >= 0], f"{context}: the grouped launch's units"
+    assert narrow == [t for t in range(s_q) if length[t // group] < 0], f"{context}: the other launch's units"
 
 
 @pytest.mark.parametrize(
@@ -170,7 +186,7 @@ def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill,
     inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed)
     inputs["indices"] = realistic_indices(s_q, s_kv, topk, seed=seed, **PRESETS[pattern])
     group = group_size(h_q, topk)
-    _, _, length = device_lists(inputs, group, MAX_UNION_RATIO)
+    _, _, length, _ = device_lists(inputs, group, MAX_UNION_RATIO)
     context = describe(seed, pattern=pattern, h_q=h_q, group=group)
     assert (length >= 0).float().mean().item() > 0.9, f"{context}: most groups should pay ({length.tolist()})"
     check_prefill(inputs, context)
@@ -178,7 +194,7 @@ def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill,
 
 def test_uniform_selections_fall_back_to_the_narrow_tile(seed):
     inputs = make_inputs(s_q=64, s_kv=131072, h_q=16, topk=2048, seed=seed)
-    _, _, length = device_lists(inputs, group_size(16, 2048), MAX_UNION_RATIO)
+    _, _, length, _ = device_lists(inputs, group_size(16, 2048), MAX_UNION_RATIO)
     assert (length == -1).all(), f"seed {seed}: uniform selections over 128K rows share nothing: {length.tolist()}"
 
 

@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   const int head_blocks = num_head_blocks(params);
-  // entry.cuh checks that the units fit an int.
-  const int n_units = TILE == Tile::kGrouped ? num_token_groups(params) : static_cast<int>(num_work_units(params));
+  const int n_units = num_launch_units<TILE>(params);
 
   if (threadIdx.x == 0) {
     ClusterBarrier::init(&ss.q_full, Q_FULL_ARRIVALS);
@@ -67,15 +66,13 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   }
   __syncthreads();
 
-  // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh). A skipped
-  // unit (token groups: the other launch's) is skipped by both.
+  // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh).
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
     const ProducerThread pt = producer_thread();
     WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
     for (; scheduler.has_work(); scheduler.advance()) {
       const WorkUnit w = scheduler.current();
-      if (w.skipped) continue;
       produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
     }
   } else {
@@ -85,7 +82,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     if constexpr (TILE == Tile::kNarrow) {  // whole items only: the launch runs a split call with the wide tile
       for (; scheduler.has_work(); scheduler.advance()) {
         const WorkUnit w = scheduler.current();
-        if (w.skipped) continue;
         NarrowState st;
         run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
         store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
@@ -96,7 +92,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       // different code at topk 1 and 64.
       for (; scheduler.has_work(); scheduler.advance()) {
         const WorkUnit w = scheduler.current();
-        if (w.skipped) continue;
         ConsumerState st;
         run_consumer_mainloop<D_QK, TOPK, TILE>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
         if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;

@@ -12,8 +12,9 @@ namespace sparse_mla::sm90 {
 
 // Launches on `stream`; params.s_q > 0, indices with TOPK slots per row, the split fields consistent (entry.cuh)
 // and the work units (scheduler.cuh) fit an int. `grouped`: the token groups' grouped launch
-// (params.group_length is set, no tail split); otherwise the call's tokens one by one, those of
-// grouped groups skipped when params.group_length is set.
+// (params.group_length is set, no tail split); otherwise the call's tokens one by one, only those of
+// the groups that run token by token when params.group_length is set. A token-grouped launch sizes
+// its grid for every group or token: the CTAs past its list's length have no unit.
 // Returns the launch error; never synchronizes.
 template <int D_QK, int TOPK>
 cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream_t stream) {

@@ -45,6 +45,8 @@ using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks
 // run at the same time on neighbouring CTAs and gather the same rows, the second from L2.
 // With the grouped tile (Tile::kGrouped) an item is a token group: q_row is its first token, num_heads
 // the tile rows that exist (h_q per token of the group), and the slots are the entries of its list.
+// In a token-grouped call each launch's unit u is entry u of its own list (group_units, traits.cuh):
+// the grouped launch's u-th group, the narrow launch's u-th token of the groups that run token by token.
 struct WorkUnit {
   int item;        // the (token, head block) index
   int q_row;
@@ -54,7 +56,6 @@ struct WorkUnit {
   int slot_begin;  // the unit's first slot (a multiple of 2 * B_TOPK)
   int n_slots;     // slots of the unit that can be valid: from slot_begin to min(topk_length, topk)
   int n_pairs;     // pairs of B_TOPK-row blocks covering n_slots (0 when there are none)
-  bool skipped;    // token groups: the unit belongs to the other launch; neither role touches it
 };
 
 // Blocks of B_H heads per query token.
@@ -78,23 +79,34 @@ __device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int 
   return make_int2(q_row, head_begin + row);
 }
 
-// Token groups of the call (the grouped launch's work units).
+// Token groups of the call (at most the grouped launch's work units).
 __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& params) {
   return params.s_q / params.group_size + (params.s_q % params.group_size != 0);
 }
 
-// A token group as a work unit of the grouped launch; skipped when the group runs token by token.
+// The launch's work units: in a token-grouped call, the length of its list in group_units (written by
+// the pre-pass, which ran before this launch on its stream; clamped to the list's room, which only
+// counts that were not zero before the pre-pass exceed).
+template <Tile TILE>
+__device__ __forceinline__ int num_launch_units(const PrefillParams& params) {
+  if (params.group_units != nullptr) {
+    constexpr bool GROUPED = TILE == Tile::kGrouped;
+    const uint32_t room = GROUPED ? num_token_groups(params) : params.s_q;
+    return static_cast<int>(min(static_cast<uint32_t>(__ldg(params.group_units + (GROUPED ? 0 : 1))), room));
+  }
+  return static_cast<int>(num_work_units(params));  // entry.cuh checks that the units fit an int
+}
+
+// The grouped launch's unit u: the u-th group of its list.
 __device__ __forceinline__ WorkUnit group_unit(int unit, const PrefillParams& params) {
   WorkUnit w;
-  w.item = unit;
-  w.q_row = unit * params.group_size;
+  w.item = __ldg(params.group_units + GROUPED_UNITS + unit);
+  w.q_row = w.item * params.group_size;
   w.head_begin = 0;
   w.num_heads = min(params.group_size, params.s_q - w.q_row) * params.h_q;
   w.part = 0;
   w.slot_begin = 0;
-  const int length = __ldg(params.group_length + unit);
-  w.skipped = length < 0;
-  w.n_slots = max(length, 0);
+  w.n_slots = __ldg(params.group_length + w.item);  // >= 0: the group is in this launch's list
   w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
   return w;
 }
@@ -104,7 +116,11 @@ template <int TOPK, Tile TILE>
 __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
   if constexpr (TILE == Tile::kGrouped) return group_unit(unit, params);
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
-  int item = unit, part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
+  // A token-grouped call's narrow launch: the unit-th token of its list (h_q <= 32: one item a token).
+  int item = TILE == Tile::kNarrow && params.group_units != nullptr
+                 ? __ldg(params.group_units + narrow_units_begin(params.s_q, params.group_size) + unit)
+                 : unit;
+  int part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
   if (unit >= params.split_begin) {
     const int parts = params.split_parts;
     item = params.split_begin + (unit - params.split_begin) / parts;
@@ -123,10 +139,6 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
   w.slot_begin = pair_begin * 2 * B_TOPK;
   w.n_slots = max(min(item_slots, pair_end * 2 * B_TOPK) - w.slot_begin, 0);
   w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
-  // Token groups: this launch takes the tokens of the groups the grouped launch does not.
-  w.skipped = TILE == Tile::kNarrow && params.group_length != nullptr &&
-              __ldg(params.group_length + w.q_row / params.group_size) >= 0;
-  if (w.skipped) w.n_slots = w.n_pairs = 0;  // no pairs counted for it
   return w;
 }
 
@@ -147,7 +159,6 @@ class WorkScheduler {
   __device__ __forceinline__ WorkUnit current() {
     const WorkUnit w = work_unit<TOPK, TILE>(unit_, params_, head_blocks_);
     pair_end_ = pair_base_ + w.n_pairs;
-    counted_ = !w.skipped;
     return w;
   }
   __device__ __forceinline__ bool is_split_part() const { return TILE == Tile::kWide && unit_ >= params_.split_begin; }
@@ -155,7 +166,7 @@ class WorkScheduler {
   __device__ __forceinline__ int pair_base() const { return pair_base_; }
   __device__ __forceinline__ void advance() {
     unit_ += gridDim.x;
-    unit_count_ += counted_;  // a skipped unit used no Q buffer
+    ++unit_count_;
     pair_base_ = pair_end_;
   }
 
@@ -163,10 +174,9 @@ class WorkScheduler {
   const PrefillParams& params_;
   int head_blocks_, n_units_;
   int unit_;            // the current unit: blockIdx.x, blockIdx.x + gridDim.x, ...
-  int unit_count_ = 0;  // this CTA's units before it, skipped ones not counted
+  int unit_count_ = 0;  // this CTA's units before it
   int pair_base_ = 0;   // their pairs
   int pair_end_ = 0;    // pair_base_ plus the current unit's pairs (current())
-  bool counted_ = true; // the current unit is not skipped (current())
 };
 
 }  // namespace sparse_mla::sm90::prefill

@@ -16,7 +16,9 @@
 // The list of a group may hold more entries than its tokens' valid slots shared save: when it holds
 // more than max_union_ratio entries per valid slot of the group, the group runs its tokens one by one
 // too (its list not written). Everything here is a function of the group's own rows: the lists, and
-// with them the outputs, are bitwise the same on every launch.
+// with them the outputs, are bitwise the same on every launch. Each group is then appended, by one
+// atomic, to the unit list of the launch that runs it (group_units, traits.cuh): the order of a list
+// varies between launches, but where a group or token runs does not change its outputs.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,25 @@ __host__ __device__ constexpr int group_shared_bytes(int slots, int map_rows) {
   return map_rows + 2 * ((slots + 15) / 16 * 16) + (GROUP_THREADS / 32) * 4 + MAX_GROUP * 4;
 }
 static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_ROWS) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
+
+// Group blockIdx.x's length (-1: it runs token by token), and the group, or its tokens, appended to
+// the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
+// error; the bounds keep it from writing outside the lists.)
+__device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t length) {
+  p.group_length[blockIdx.x] = length;
+  const uint32_t groups = p.s_q / p.group_size + (p.s_q % p.group_size != 0);
+  if (length >= 0) {
+    const uint32_t k = atomicAdd(p.group_units, 1);
+    if (k < groups) p.group_units[GROUPED_UNITS + k] = static_cast<int32_t>(blockIdx.x);
+    return;
+  }
+  const int first_token = blockIdx.x * p.group_size, tokens = min(p.group_size, p.s_q - first_token);
+  const uint32_t k = atomicAdd(p.group_units + 1, tokens);
+  int32_t* narrow = p.group_units + narrow_units_begin(p.s_q, p.group_size);
+  for (int t = 0; t < tokens; ++t) {
+    if (k + t < static_cast<uint32_t>(p.s_q)) narrow[k + t] = first_token + t;
+  }
+}
 
 // One CTA per group. The owner map is indexed by kv row: bit t of row r says that token t selected
 // r, so inserting a slot is one shared-memory atomicOr, with no probing, and the old value says
@@ -93,11 +114,10 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
   const auto for_each_slot = [&](auto&& before, auto&& f) {
     int32_t index[BATCH], next[BATCH];
     const auto load_batch = [&](int32_t(&to)[BATCH], int r0) {
+      const int first = begin + 32 * r0 + lane;
+      const int32_t* from = group_in + first;  // one address, the rows at fixed offsets from it
 #pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int slot = begin + 32 * (r0 + i) + lane;
-        to[i] = slot < loaded ? __ldg(group_in + slot) : -1;
-      }
+      for (int i = 0; i < BATCH; ++i) to[i] = first + 32 * i < loaded ? __ldg(from + 32 * i) : -1;
     };
     load_batch(next, 0);
     before();
@@ -122,7 +142,8 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
   // The thread's entries (low 16 bits) and valid slots (high 16 bits), in one register: each at most
   // MAX_GROUP_SLOTS < 2^16 in a warp, and the pre-pass has no register to spare.
   uint32_t counts = 0;
-  for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv); chunk += map_rows) {
+  uint32_t chunk = 0;
+  for (; chunk < static_cast<uint32_t>(p.s_kv); chunk += map_rows) {
     uint32_t duplicate = 0;  // nonzero: a token selected a row twice
     for_each_slot(
         [&] {
@@ -139,10 +160,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
           duplicate |= atomicOr(reinterpret_cast<uint32_t*>(map) + (in ? row / 4 : static_cast<uint32_t>(lane)), bits) & bits;
           if (chunk == 0) counts += static_cast<uint32_t>(valid) << 16;
         });
-    if (__syncthreads_or(duplicate != 0)) {  // block-uniform: every thread returns
-      if (threadIdx.x == 0) p.group_length[blockIdx.x] = -1;
-      return;
-    }
+    if (__syncthreads_or(duplicate != 0)) break;  // block-uniform: a token selected a row twice
     for_each_slot([] {}, [&](int slot, uint32_t t, int32_t key, bool valid) {
       const uint32_t row = static_cast<uint32_t>(key) - chunk;
       const uint32_t owners = valid && row < map_rows ? map[row] : 0u;
@@ -170,8 +188,10 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
   }
   const uint32_t entries = total & 0xffffu, group_valid_slots = total >> 16;
   // A group without valid slots runs grouped: its rows' outputs are those of empty rows either way.
-  const bool pays = entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots);
-  if (threadIdx.x == 0) p.group_length[blockIdx.x] = pays ? static_cast<int32_t>(entries) : -1;
+  const bool token_repeats_row = chunk < static_cast<uint32_t>(p.s_kv);  // the chunks' loop stopped early
+  const bool pays = !token_repeats_row &&
+                    (entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots));
+  if (threadIdx.x == 0) decide_group(p, pays ? static_cast<int32_t>(entries) : -1);
   if (!pays) return;  // its tokens run one by one: no list is read
   // Each entry's kv row goes to the list, its owner bits to entry_owner.
   const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;

@@ -41,6 +41,17 @@ enum class Tile {
 // a slot of token t).
 __host__ __device__ constexpr int group_mask_blocks(int slots) { return (slots + 2 * B_TOPK - 1) / (2 * B_TOPK) * 2; }
 
+// The token groups' unit lists (token_groups.cuh appends, the two launches read): [0] the groups of
+// the grouped launch, [1] the tokens of the other launch, then the grouped launch's groups from
+// GROUPED_UNITS (at most ceil(s_q / G)), then the other launch's tokens (at most s_q).
+constexpr int GROUPED_UNITS = 2;
+__host__ __device__ constexpr int64_t narrow_units_begin(int64_t s_q, int64_t group_size) {
+  return GROUPED_UNITS + (s_q + group_size - 1) / group_size;
+}
+__host__ __device__ constexpr int64_t group_units_size(int64_t s_q, int64_t group_size) {
+  return narrow_units_begin(s_q, group_size) + s_q;
+}
+
 // topk <= B_TOPK: every work unit is one pair whose block 1 holds no slot. That block is neither
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
 // token group, whose list holds up to MAX_GROUP * TOPK slots.
