@@ -1,7 +1,8 @@
 """Compile the real kernel for sm_90a with no GPU, through the prebuild command (the JIT's own code):
 two kernels compiled side by side each get their own build log, ptxas reports no spills and no stack
-frame (the grouped tile: a bounded few bytes), an entry holds the documented files only, a second prebuild compiles nothing, and a fresh
-process with the JIT disabled and no compiler on PATH loads the prebuilt module."""
+frame (the grouped tile: a bounded few bytes), an entry holds the documented files only, a second prebuild compiles nothing, a fresh
+process with the JIT disabled and no compiler on PATH loads the prebuilt module, and every launch plan
+calls the built entries with the arguments they take."""
 
 from __future__ import annotations
 
@@ -100,3 +101,56 @@ def test_a_fresh_process_warms_up_from_the_prebuilt_modules_without_a_compiler_o
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [k.name for k in KEYS] + ["CUDA initialized: False"], result.stdout
+
+
+# Every entry call of the launch plan, made on the real module with CPU tensors: the module checks its
+# arity before anything else (a TypeError names the signature) and then refuses the tensors (a
+# ValueError), so a plan that passes an entry the wrong arguments fails here, with no GPU. The GPU
+# tier calls the same plans, but the CPU tier's launch tests run on a stand-in module.
+_ENTRY_CALLS_SCRIPT = """
+import torch
+import tvm_ffi
+from sparse_mla import launch
+from sparse_mla.jit import get_module, KernelKey
+
+class Recorder:
+    def __init__(self, module):
+        self.module, self.calls = module, []
+    def __getattr__(self, name):
+        function = getattr(self.module, name)
+        def call(*args):
+            try:
+                function(*args)
+            except ValueError as refused:  # past the arity check: the entry's own first check
+                self.calls.append(f"{name}: {refused}")
+        return call
+
+launch.check_hopper = lambda device: 0
+launch.num_sms = lambda index: 132
+module = get_module(KernelKey(576, 2048))
+kv = torch.zeros(4096, 1, 576).to(torch.float8_e4m3fn)
+scale = torch.ones(1)
+for h_q, s_q, mode in ((64, 300, "never"), (128, 8, "never"), (16, 300, "auto"), (16, 300, "always")):
+    q = torch.zeros(s_q, h_q, 576).to(torch.float8_e4m3fn)
+    indices = torch.zeros(s_q, 1, 2048, dtype=torch.int32)
+    out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
+    max_logits, lse = torch.empty(s_q, h_q), torch.empty(s_q, h_q)
+    recorder = Recorder(module)
+    launch.launch(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04, False,
+                  module=recorder, token_groups=mode)
+    print(h_q, mode, "|".join(recorder.calls))
+"""
+
+
+def test_the_launch_plans_call_the_real_entries_with_their_arity(prebuilt):
+    cache_dir, _ = prebuilt
+    environment = dict(os.environ, SPARSE_MLA_DISABLE_JIT="1", SPARSE_MLA_PREBUILT_DIRS=str(cache_dir),
+                       SPARSE_MLA_JIT_CACHE_DIR=str(cache_dir))
+    result = subprocess.run([sys.executable, "-c", _ENTRY_CALLS_SCRIPT], capture_output=True, text=True,
+                            env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr
+    prefill = "prefill_fwd: q must be a CUDA tensor"
+    pre_pass = "token_groups_fwd: indices must be a CUDA tensor"
+    grouped = "|".join([pre_pass, prefill, prefill])  # the pre-pass, then the grouped and the narrow launch
+    assert result.stdout.splitlines() == [f"64 never {prefill}", f"128 never {prefill}", f"16 auto {grouped}",
+                                          f"16 always {grouped}"], result.stdout
