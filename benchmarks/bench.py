@@ -76,7 +76,25 @@ SHAPES = [
     dict(s_q=1024, s_kv=65536, h_q=128, d_qk=576, topk=2048, sglang=614, flashmla=591, target=920),
 ]
 QUICK = (0, 5, 6)  # one of each regime: h_q 128 at 8K, small s_q, d_qk 512 / topk 512
-INDEX_PATTERNS = ("uniform", "realistic-glm", "realistic-dsv4")
+# Each pattern also with "-sorted": every token's rows in ascending kv-row order (invalid slots last)
+# instead of the indexer's score order, as an engine that sorts its indices passes them; neighbouring
+# tokens then list their shared rows in the same order.
+INDEX_PATTERNS = tuple(p + s for p in ("uniform", "realistic-glm", "realistic-dsv4") for s in ("", "-sorted"))
+
+
+def pattern_indices(pattern: str, s_q: int, s_kv: int, topk: int, seed: int, indices: torch.Tensor) -> torch.Tensor:
+    """The indices of an ``--indices`` pattern; ``indices`` are make_inputs' own (the uniform ones)."""
+    base = pattern.removesuffix("-sorted")
+    if base != "uniform":
+        indices = realistic_indices(s_q, s_kv, topk, **PRESETS[base], seed=seed, device=indices.device)
+    return sorted_rows(indices, s_kv) if pattern.endswith("-sorted") else indices
+
+
+def sorted_rows(indices: torch.Tensor, s_kv: int) -> torch.Tensor:
+    """Each token's valid rows in ascending order, its invalid slots (kept as they were) after them."""
+    invalid = (indices < 0) | (indices >= s_kv)
+    key = torch.where(invalid, torch.iinfo(torch.int64).max, indices.long())
+    return torch.gather(indices, -1, key.argsort(dim=-1, stable=True))
 
 
 TABLES = ("main", "tp")  # --table tp: the tensor-parallel head-count table of benchmarks/tp.py
@@ -88,7 +106,8 @@ def parse_args() -> argparse.Namespace:
                         help="main: this table; tp: benchmarks/tp.py's head counts per tensor-parallel rank")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK} of the table")
     parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform",
-                        help="uniform random (the published protocol) or a realistic_indices preset")
+                        help="uniform random (the published protocol) or a realistic_indices preset; "
+                             "-sorted: each token's rows in ascending order")
     parser.add_argument("--iters", type=int, default=30, help="timed calls per shape (median reported)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -122,8 +141,7 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) 
     """Time one shape (and the incumbent on it, given ``dispatch``) and check it on its first rows."""
     s_q, s_kv, h_q, d_qk, topk = (shape[name] for name in ("s_q", "s_kv", "h_q", "d_qk", "topk"))
     inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=args.seed)
-    if pattern != "uniform":
-        inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[pattern], seed=args.seed)
+    inputs["indices"] = pattern_indices(pattern, s_q, s_kv, topk, args.seed, inputs["indices"])
     overlap = index_overlap_stats(inputs["indices"])
     outputs = poisoned_outputs(s_q, h_q, inputs["d_v"])
 

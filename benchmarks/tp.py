@@ -34,16 +34,14 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call  # noqa: E402
+from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
-    PRESETS,
     interleaved_median_ms,
     make_inputs,
     median_time_ms,
     poisoned_outputs,
-    realistic_indices,
     reference_prefill,
     relative_error,
 )
@@ -91,8 +89,7 @@ def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
 
 def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
     inputs = make_inputs(s_q, s_kv, h_q, D_QK, TOPK, seed=args.seed)
-    if pattern != "uniform":
-        inputs["indices"] = realistic_indices(s_q, s_kv, TOPK, **PRESETS[pattern], seed=args.seed)
+    inputs["indices"] = pattern_indices(pattern, s_q, s_kv, TOPK, args.seed, inputs["indices"])
     outputs = poisoned_outputs(s_q, h_q, D_V)
     ours = lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)  # noqa: E731
     row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern)
