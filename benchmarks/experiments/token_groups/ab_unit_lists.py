@@ -1,6 +1,7 @@
-"""Token-grouped calls of two kinds of build side by side: main's (three token-group lists, each launch
-walking every unit and skipping the other's) and `unit_lists.patch`'s (a fourth list, `group_units`,
-whose two counts must be zero before each pre-pass, and each launch walking its own list).
+"""Token-grouped calls of two kinds of build side by side: those from before the unit lists (c1e0182 and
+earlier: three token-group lists, each launch walking every unit and skipping the other's) and those
+with them (1cc0675 on: a fourth list, `group_units`, whose two counts must be zero before each
+pre-pass, and each launch walking its own list).
 
 Each variant is ``NAME=CACHE_ROOT:KIND`` (KIND ``main`` or ``lists``) of a build made with ``python -m
 sparse_mla prebuild --d-qk 576 --topk 2048`` from one source tree. Per index pattern and h_q (8, 16,
@@ -34,11 +35,8 @@ S_Q, TOPK, D_QK = 4096, 2048, 576
 
 def lists_of(kind: str, device: torch.device, group: int) -> tuple[torch.Tensor, ...]:
     """The token-group lists a build of this kind takes, allocated as its package does per call."""
-    lists = token_group_lists(device, S_Q, group, TOPK)[:3]  # main's three, whichever package runs this
-    if kind == "lists":
-        groups = lists[2].numel()
-        lists = (*lists, torch.zeros(2 + groups + S_Q, dtype=torch.int32, device=device))
-    return lists
+    lists = token_group_lists(device, S_Q, group, TOPK)  # with the unit lists (group_units) last
+    return lists if kind == "lists" else lists[:3]
 
 
 def wide_call(module, kind: str, inputs: dict, outputs: dict):

@@ -49,15 +49,19 @@ __host__ __device__ constexpr int group_shared_bytes(int slots, int map_rows) {
 }
 static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_ROWS) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
 
+// The call's groups: one CTA each.
+__host__ __device__ __forceinline__ int num_groups(const TokenGroupParams& p) {
+  return p.s_q / p.group_size + (p.s_q % p.group_size != 0);
+}
+
 // Group blockIdx.x's length (-1: it runs token by token), and the group, or its tokens, appended to
 // the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
 // error; the bounds keep it from writing outside the lists.)
 __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t length) {
   p.group_length[blockIdx.x] = length;
-  const uint32_t groups = p.s_q / p.group_size + (p.s_q % p.group_size != 0);
   if (length >= 0) {
     const uint32_t k = atomicAdd(p.group_units, 1);
-    if (k < groups) p.group_units[GROUPED_UNITS + k] = static_cast<int32_t>(blockIdx.x);
+    if (k < static_cast<uint32_t>(num_groups(p))) p.group_units[GROUPED_UNITS + k] = static_cast<int32_t>(blockIdx.x);
     return;
   }
   const int first_token = blockIdx.x * p.group_size, tokens = min(p.group_size, p.s_q - first_token);
@@ -235,8 +239,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
   auto kernel = prefill_kernel_token_groups<TOPK>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
-  const int groups = p.s_q / p.group_size + (p.s_q % p.group_size != 0);
-  kernel<<<groups, GROUP_THREADS, smem_bytes, stream>>>(p);
+  kernel<<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
