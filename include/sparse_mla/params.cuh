@@ -64,7 +64,7 @@ struct PrefillParams {
   // appends each group to one of them), so that neither walks the other's. group_length == nullptr:
   // no groups.
   int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
-  const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, in order of first occurrence
+  const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, those of every token first (token_groups.cuh)
   // [ceil(s_q / G), group_mask_blocks(G * TOPK), G]: bit r of [k][b][t]: entry
   // B_TOPK * b + r of group k's list is a slot of its token t (token_groups.cuh)
   const uint64_t* group_masks;

@@ -26,11 +26,15 @@ def describe(seed: int, **fields) -> str:
     return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
+OWNER_MAP_ROWS = 196608  # token_groups.cuh's MAX_MAP_ROWS: kv rows per chunk of the pre-pass's owner map
+
+
 def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio: float):
-    """The pre-pass's rule on the host: per group, in order of first occurrence over (token, slot), each
-    distinct valid row once, owned by the tokens that selected it; length -1 (the group runs token by
-    token) where some token selected a row more than once or the list holds more than ``ratio`` entries
-    per valid slot. Returns per group (entries, owners, length)."""
+    """The pre-pass's rule on the host: per group, each distinct valid row once, owned by the tokens that
+    selected it, chunk by chunk of OWNER_MAP_ROWS kv rows, in each first the rows every token of the
+    group selected, then the others, each part in order of first occurrence over (token, slot); length
+    -1 (the group runs token by token) where some token selected a row more than once or the list holds
+    more than ``ratio`` entries per valid slot. Returns per group (entries, owners, length)."""
     rows = indices[:, 0].cpu().tolist()
     s_q, topk = len(rows), len(rows[0])
     lengths = [topk] * s_q if topk_length is None else [min(max(n, 0), topk) for n in topk_length.cpu().tolist()]
@@ -45,7 +49,10 @@ def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio:
         n_valid = sum(len(valid[t]) for t in tokens)
         duplicate = any(len(set(valid[t])) < len(valid[t]) for t in tokens)
         pays = not duplicate and (len(owners_of) == 0 or len(owners_of) <= ratio * n_valid)
-        result.append((list(owners_of), list(owners_of.values()), len(owners_of) if pays else -1))
+        everyone = (1 << len(tokens)) - 1
+        # Stable: first occurrence within each part.
+        entries = sorted(owners_of, key=lambda v: (v // OWNER_MAP_ROWS, owners_of[v] != everyone))
+        result.append((entries, [owners_of[v] for v in entries], len(entries) if pays else -1))
     return result
 
 
@@ -82,7 +89,7 @@ def assert_lists_follow_the_rule(inputs: dict, group: int, context: str) -> None
                                                                  group, ratio)):
             assert got_length[k].item() == length, f"{context}, ratio {ratio}: group {k} length"
             if length < 0:
-                continue  # a group that falls back writes no list (ratio inf checks every group's)
+                continue  # a group that falls back has no list to read (ratio inf checks every group's)
             n = len(entries)
             assert got_indices[k, :n].tolist() == entries, f"{context}, ratio {ratio}: group {k} entries"
             # Every block a pair reads: the owners, then no bit past the list.

@@ -25,10 +25,13 @@ import sys
 import torch
 import tvm_ffi
 
-from sparse_mla.jit import ENTRY_FUNCTION
-from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists
-from sparse_mla.testing import PRESETS, interleaved_median_ms, make_inputs, poisoned_outputs, realistic_indices
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
+from bench import pattern_indices  # noqa: E402
+
+from sparse_mla.jit import ENTRY_FUNCTION  # noqa: E402
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
+from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists  # noqa: E402
+from sparse_mla.testing import interleaved_median_ms, make_inputs, poisoned_outputs  # noqa: E402
 
 S_Q, TOPK, D_QK = 4096, 2048, 576
 
@@ -76,8 +79,7 @@ def main() -> None:
         wide: dict[str, float] = {}
         for h_q in (64, 8, 16, 32):
             inputs = make_inputs(S_Q, s_kv, h_q, D_QK, TOPK, seed=0)
-            if pattern != "uniform":
-                inputs["indices"] = realistic_indices(S_Q, s_kv, TOPK, seed=0, **PRESETS[pattern])
+            inputs["indices"] = pattern_indices(pattern, S_Q, s_kv, TOPK, 0, inputs["indices"])
             calls, outs = {}, {}
             for name, module, kind in variants:
                 outputs = outs[name] = poisoned_outputs(S_Q, h_q)

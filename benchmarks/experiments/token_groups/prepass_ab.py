@@ -20,13 +20,16 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "hazards"))
 from ab import load_variant  # noqa: E402
+from bench import pattern_indices  # noqa: E402  (ab puts benchmarks/ on the path)
 
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
 from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists  # noqa: E402
-from sparse_mla.testing import PRESETS, make_inputs, realistic_indices, interleaved_median_ms  # noqa: E402
+from sparse_mla.testing import make_inputs, interleaved_median_ms  # noqa: E402
 
 S_Q, TOPK = 4096, 2048
-CASES = [("realistic-glm", 32768, 8), ("realistic-glm", 32768, 16), ("realistic-glm", 32768, 32),
+CASES = [("realistic-glm", 8192, 8), ("realistic-glm", 8192, 16), ("realistic-glm", 8192, 32),
+         ("realistic-glm-sorted", 8192, 16), ("realistic-dsv4", 8192, 16), ("uniform", 8192, 16),
+         ("realistic-glm", 32768, 8), ("realistic-glm", 32768, 16), ("realistic-glm", 32768, 32),
          ("uniform", 32768, 16), ("realistic-glm", 131072, 16), ("realistic-dsv4", 131072, 16),
          ("realistic-dsv4", 131072, 32), ("uniform", 131072, 8), ("uniform", 131072, 32)]
 
@@ -45,10 +48,7 @@ def same_lists(a, b) -> bool:
 def main() -> None:
     variants = [load_variant(spec) for spec in sys.argv[1:]]
     for pattern, s_kv, h_q in CASES:
-        if pattern == "uniform":
-            indices = make_inputs(S_Q, s_kv, h_q, 576, TOPK, seed=0)["indices"]
-        else:
-            indices = realistic_indices(S_Q, s_kv, TOPK, seed=0, **PRESETS[pattern])
+        indices = pattern_indices(pattern, S_Q, s_kv, TOPK, 0, make_inputs(S_Q, s_kv, h_q, 576, TOPK, seed=0)["indices"])
         group = group_size(h_q, TOPK)
         calls, lists = {}, {}
         for name, modules, _ in variants:

@@ -4,8 +4,10 @@
 // empty. Neighbouring tokens of a real indexer select mostly the same kv rows, so the grouped tile
 // (Tile::kGrouped) stacks G = min(MAX_GROUP, 64 / h_q) tokens into one tile (row t * h_q + h: head h
 // of token t), gathers the union of their selections once and masks each row to its own token's
-// slots. prefill_kernel_token_groups lists, per group, that union: each distinct valid kv row once, in the
-// order of first occurrence in the tokens' slot lists (token 0's, then token 1's, ...), and the set
+// slots. prefill_kernel_token_groups lists, per group, that union: each distinct valid kv row once,
+// first the rows that every token of the group selected, then the others, each part in the order of
+// first occurrence in the tokens' slot lists (token 0's, then token 1's, ...; past MAX_MAP_ROWS kv
+// rows, so chunk by chunk of the owner map), and the set
 // of the group's tokens that selected it (its owner bits) as the grouped tile's producer copies them:
 // per block of 64 entries, one 64-bit mask per token (group_masks, bit r: entry r of the block).
 //
@@ -15,13 +17,14 @@
 //
 // The list of a group may hold more entries than its tokens' valid slots shared save: when it holds
 // more than max_union_ratio entries per valid slot of the group, the group runs its tokens one by one
-// too (its list not written). Everything here is a function of the group's own rows: the lists, and
+// too (its list not read). Everything here is a function of the group's own rows: the lists, and
 // with them the outputs, are bitwise the same on every launch. Each group is then appended, by one
 // atomic, to the unit list of the launch that runs it (group_units, traits.cuh): the order of a list
 // varies between launches, but where a group or token runs does not change its outputs.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -31,9 +34,10 @@
 namespace sparse_mla::sm90::prefill {
 
 constexpr int GROUP_THREADS = 512;
-constexpr int MAX_GROUP_SLOTS = 16384;  // G * TOPK at most: a slot's and an entry's owner byte each
+constexpr int MAX_GROUP_SLOTS = 16384;  // G * TOPK at most: an entry's owner byte each
 // kv rows of the owner map at most (a byte each): with more kv rows, the map covers them in chunks of
-// this many, and the group's slots are walked once per chunk.
+// this many, the group's slots are walked once per chunk, and the list holds each chunk's entries
+// after the chunk before's.
 constexpr int MAX_MAP_ROWS = 196608;
 static_assert(MAX_GROUP <= 8, "a row's owner bits fit a byte");
 
@@ -42,10 +46,14 @@ static_assert(MAX_GROUP <= 8, "a row's owner bits fit a byte");
 __host__ __device__ constexpr int group_map_rows(int s_kv) {
   return s_kv <= 128 ? 128 : s_kv <= MAX_MAP_ROWS - 15 ? (s_kv + 15) / 16 * 16 : MAX_MAP_ROWS;
 }
-// Shared memory of a group's CTA: the map, each slot's and each entry's owner byte, the warps'
-// counts, the tokens' lengths.
+// Tokens per group at most with TOPK slots each.
+__host__ __device__ constexpr int max_group_size(int topk) {
+  return MAX_GROUP_SLOTS / topk < MAX_GROUP ? MAX_GROUP_SLOTS / topk : MAX_GROUP;
+}
+// Shared memory of a group's CTA: the map, each entry's owner byte, the (token, warp)s' counts and
+// their scan, the warps' counts of common entries, the tokens' lengths.
 __host__ __device__ constexpr int group_shared_bytes(int slots, int map_rows) {
-  return map_rows + 2 * ((slots + 15) / 16 * 16) + (GROUP_THREADS / 32) * 4 + MAX_GROUP * 4;
+  return map_rows + (slots + 15) / 16 * 16 + ((2 * MAX_GROUP + 1) * (GROUP_THREADS / 32) + 1) * 4 + MAX_GROUP * 4;
 }
 static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_ROWS) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
 
@@ -73,145 +81,178 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
 }
 
 // One CTA per group. The owner map is indexed by kv row: bit t of row r says that token t selected
-// r, so inserting a slot is one shared-memory atomicOr, with no probing, and the old value says
-// whether the token had the row already. Warp w takes a contiguous range of the group's slots in
-// (token, slot) order, its lanes consecutive slots (row r of the warp: 32 slots), so that index
-// loads and list stores are coalesced and a ballot gives each entry its place. The pass is bound by
-// the issue of its instructions: the work per slot is a few of them, a batch of rows' index loads is
-// in flight one batch ahead (the first while the map is cleared), and a group that falls back writes
-// no list.
+// r, so inserting a slot is one shared-memory atomicOr, with no probing, and its old value says
+// whether the token had the row already (a duplicate) and whether an earlier token had it. The
+// tokens are inserted one at a time, in order, a barrier after each (a round): a slot whose row's
+// byte was 0 makes the row's entry, so one pass over the slots finds every entry in order of first
+// occurrence, and the list pass touches only the rows of 32 slots that make one (at realistic
+// overlap, token 0's and few others). Warp w takes rows w * WARP_ROWS .. of 32 consecutive slots of
+// each token, so that index loads are coalesced and a ballot places a row's entries; the next
+// token's loads are in flight during a round, and after the last round token 0's are loaded again,
+// for the list. The pass is bound by the issue of its instructions; a group that falls back writes
+// no list (but for the chunks before the one where it is known, past MAX_MAP_ROWS kv rows).
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
 template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32;
-  constexpr int ROWS = MAX_GROUP_SLOTS / GROUP_THREADS;  // a warp's rows of 32 slots, at most
-  // Rows whose loads are in flight together (fewer where slot / TOPK is not a shift: registers).
-  constexpr int BATCH = (TOPK & (TOPK - 1)) == 0 ? 8 : 4;
-  static_assert(ROWS % BATCH == 0, "whole batches");
+  constexpr int WARP_ROWS = ((TOPK + 31) / 32 + WARPS - 1) / WARPS;  // a warp's rows of 32 slots per token
+  // The thread's slots that make an entry, one bit per (token, row): a register or two.
+  using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
+  static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group_size = p.group_size;
   const int slots = group_size * TOPK, padded_slots = (slots + 15) / 16 * 16;
   const uint32_t map_rows = group_map_rows(p.s_kv);
   extern __shared__ __align__(16) uint8_t shared[];
   uint8_t* map = shared;                                 // bit t of row r - chunk: token t selected kv row r
-  uint8_t* slot_owner = map + map_rows;                  // the owner bits of the entry a slot makes, or 0
-  uint8_t* entry_owner = slot_owner + padded_slots;      // the owner bits of each entry of the list
-  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(entry_owner + padded_slots);
-  int* lengths = reinterpret_cast<int*>(warp_sums + WARPS);  // each token's valid slots
+  uint8_t* entry_owner = map + map_rows;                 // the owner bits of each entry of the list
+  // Per (token, warp): the entries its slots make (low 16 bits) and its valid slots (high 16 bits).
+  uint32_t* counts = reinterpret_cast<uint32_t*>(entry_owner + padded_slots);
+  uint32_t* before = counts + MAX_GROUP * WARPS;         // the same, summed over the (token, warp)s before
+  uint32_t* common_counts = before + MAX_GROUP * WARPS + 1;  // per warp: token 0's entries that every token owns
+  int* lengths = reinterpret_cast<int*>(common_counts + WARPS);  // each token's valid slots
 
-  // The group's slots are contiguous in `indices`; the tail group's slots past s_q have none.
-  const int first_token = blockIdx.x * group_size;
-  const int per_warp = ((slots + WARPS - 1) / WARPS + 31) / 32 * 32;
-  const int begin = warp * per_warp, end = min(begin + per_warp, slots);
-  const int loaded = min(end, min(p.s_q - first_token, group_size) * TOPK);
-  const int32_t* group_in = p.indices + static_cast<int64_t>(first_token) * TOPK;
+  // The group's slots are contiguous in `indices`; the tail group has fewer tokens.
+  const int first_token = blockIdx.x * group_size, tokens = min(group_size, p.s_q - first_token);
+  const int first_slot = warp * WARP_ROWS * 32 + lane;  // of the thread's first row, in a token
+  const int32_t* group_in = p.indices + static_cast<int64_t>(first_token) * TOPK + first_slot;
   if (threadIdx.x < group_size) {
     const int token = first_token + threadIdx.x;
     lengths[threadIdx.x] = token >= p.s_q               ? 0
                            : p.topk_length == nullptr ? TOPK
                                                       : min(max(__ldg(p.topk_length + token), 0), TOPK);
   }
-  for (int v = threadIdx.x; v < padded_slots / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(slot_owner)[v] = uint4{};
-
-  // Calls f(slot, token, kv row, valid) for each of the warp's slots, a batch of rows at a time, the
-  // index loads one batch ahead; `before` runs once the first batch's loads are issued.
-  const auto for_each_slot = [&](auto&& before, auto&& f) {
-    int32_t index[BATCH], next[BATCH];
-    const auto load_batch = [&](int32_t(&to)[BATCH], int r0) {
-      const int first = begin + 32 * r0 + lane;
-      const int32_t* from = group_in + first;  // one address, the rows at fixed offsets from it
+  // Token t's slots of this thread (-1 past its slots).
+  const auto load_token = [&](int32_t(&to)[WARP_ROWS], int t) {
 #pragma unroll
-      for (int i = 0; i < BATCH; ++i) to[i] = first + 32 * i < loaded ? __ldg(from + 32 * i) : -1;
-    };
-    load_batch(next, 0);
-    before();
-#pragma unroll 1
-    for (int r0 = 0; r0 < ROWS; r0 += BATCH) {
-      if (begin + 32 * r0 >= end) break;  // warp-uniform
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) index[i] = next[i];
-      if (r0 + BATCH < ROWS && begin + 32 * (r0 + BATCH) < end) load_batch(next, r0 + BATCH);
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int slot = begin + 32 * (r0 + i) + lane;
-        const uint32_t t = static_cast<uint32_t>(slot) / TOPK;
-        const int32_t key = index[i];
-        f(slot, t, key, slot < end && key >= 0 && key < p.s_kv && slot - static_cast<int>(t) * TOPK < lengths[t]);
-      }
-    }
+    for (int i = 0; i < WARP_ROWS; ++i) to[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + t * TOPK + 32 * i) : -1;
   };
 
-  // Per chunk of kv rows (one, unless s_kv > MAX_MAP_ROWS): insert every valid slot whose row lies in
-  // it, then let the slot of the lowest token that selected the row make the row's entry.
-  // The thread's entries (low 16 bits) and valid slots (high 16 bits), in one register: each at most
-  // MAX_GROUP_SLOTS < 2^16 in a warp, and the pre-pass has no register to spare.
-  uint32_t counts = 0;
-  uint32_t chunk = 0;
-  for (; chunk < static_cast<uint32_t>(p.s_kv); chunk += map_rows) {
-    uint32_t duplicate = 0;  // nonzero: a token selected a row twice
-    for_each_slot(
-        [&] {
-          for (uint32_t v = threadIdx.x; v < map_rows / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
-          __syncthreads();
-        },
-        [&](int, uint32_t t, int32_t key, bool valid) {
-          // Branch-free, so that a batch's atomics issue back to back (up to 5% faster than a
-          // branch around each): a slot that is not valid, or whose row lies outside the chunk,
-          // ORs 0 into its lane's own word (no two lanes of a warp on one word).
-          const uint32_t row = static_cast<uint32_t>(key) - chunk;
-          const bool in = valid && row < map_rows;
-          const uint32_t bits = in ? (1u << t) << (8 * (row & 3)) : 0u;
-          duplicate |= atomicOr(reinterpret_cast<uint32_t*>(map) + (in ? row / 4 : static_cast<uint32_t>(lane)), bits) & bits;
-          if (chunk == 0) counts += static_cast<uint32_t>(valid) << 16;
-        });
-    if (__syncthreads_or(duplicate != 0)) break;  // block-uniform: a token selected a row twice
-    for_each_slot([] {}, [&](int slot, uint32_t t, int32_t key, bool valid) {
-      const uint32_t row = static_cast<uint32_t>(key) - chunk;
-      const uint32_t owners = valid && row < map_rows ? map[row] : 0u;
-      if (owners != 0 && static_cast<uint32_t>(__ffs(owners) - 1) == t) {
-        slot_owner[slot] = static_cast<uint8_t>(owners);
-        ++counts;
+  // Per chunk of kv rows (one, unless s_kv > MAX_MAP_ROWS): the rounds, then the entries the chunk's
+  // slots made appended to the list, each with its owner bits from the map (Experiment 52 of
+  // benchmarks/notes/2026-12-01.md: a third less time than three passes over the slots).
+  const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
+  uint32_t entries = 0, group_valid_slots = 0;
+  bool pays = true;
+  // The thread's slots of the token whose round is next; after the rounds, token 0's again.
+  int32_t index[WARP_ROWS];
+  load_token(index, 0);
+  for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv) && pays; chunk += map_rows) {
+    for (uint32_t v = threadIdx.x; v < map_rows / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
+    __syncthreads();
+    NewBits made = 0;
+    for (int t = 0; t < tokens; ++t) {
+      const int length = lengths[t];
+      uint32_t duplicate = 0, count = 0;
+#pragma unroll
+      for (int i = 0; i < WARP_ROWS; ++i) {
+        // Branch-free, so that the atomics issue back to back: a slot that is not valid, or whose
+        // row lies outside the chunk, ORs 0 into its lane's own word (no two lanes on one word).
+        const int32_t key = index[i];
+        const bool valid = first_slot + 32 * i < length && key >= 0 && key < p.s_kv;
+        const uint32_t row = static_cast<uint32_t>(key) - chunk, shift = 8 * (row & 3);
+        const bool in = valid && row < map_rows;
+        const uint32_t bits = in ? (1u << t) << shift : 0u;
+        const uint32_t old = atomicOr(reinterpret_cast<uint32_t*>(map) + (in ? row / 4 : static_cast<uint32_t>(lane)), bits);
+        duplicate |= old & bits;
+        // The register is free: the next token's slot of this row (after the last, token 0's, for the
+        // list), in flight during the round's rest.
+        const int next = t + 1 < tokens ? t + 1 : 0;
+        index[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + next * TOPK + 32 * i) : -1;
+        const bool makes = in && ((old >> shift) & 0xffu) == 0;  // no token before t selected the row
+        made |= static_cast<NewBits>(makes) << (t * WARP_ROWS + i);
+        count += static_cast<uint32_t>(makes) | (chunk == 0 && valid ? 1u << 16 : 0u);
       }
-    });
+      count = __reduce_add_sync(0xffffffffu, count);
+      if (lane == 0) counts[t * WARPS + warp] = count;
+      if (__syncthreads_or(duplicate != 0)) {  // block-uniform: a token selected a row twice
+        pays = false;
+        break;
+      }
+    }
+    if (!pays) break;
+    // The (token, warp) counts scanned by warp 0, each lane 4 (or fewer) of them in order.
+    constexpr int PER_LANE = MAX_GROUP * WARPS / 32;
+    if (warp == 0) {
+      uint32_t c[PER_LANE], sum = 0;
+#pragma unroll
+      for (int k = 0; k < PER_LANE; ++k) {
+        const int at = lane * PER_LANE + k;
+        c[k] = at < tokens * WARPS ? counts[at] : 0u;
+        sum += c[k];
+      }
+      uint32_t scan = sum;  // inclusive, over the lanes
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const uint32_t from = __shfl_up_sync(0xffffffffu, scan, d);
+        if (lane >= d) scan += from;
+      }
+      uint32_t at = scan - sum;
+#pragma unroll
+      for (int k = 0; k < PER_LANE; ++k) {
+        before[lane * PER_LANE + k] = at;
+        at += c[k];
+      }
+      if (lane == 31) before[MAX_GROUP * WARPS] = scan;
+    }
+    __syncthreads();
+    const uint32_t sums = before[MAX_GROUP * WARPS];
+    const uint32_t chunk_begin = entries;
+    entries += sums & 0xffffu;
+    if (chunk == 0) group_valid_slots = sums >> 16;
+    // A group without valid slots runs grouped: its rows' outputs are those of empty rows either way.
+    // Entries only grow, so a chunk's count that does not pay decides the group.
+    pays = entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots);
+    if (!pays) break;
+    // The entries of the rows that every token of the group selected go first, then the others, each
+    // part in the order above: a block of the first part is valid for every row of the tile, so the
+    // grouped tile's softmax takes its unmasked path there, whatever order the tokens' slots come in
+    // (in ascending kv-row order, first occurrence alone mixes the two parts, and the grouped tile
+    // ran ~11% slower: benchmarks/notes/2026-12-01.md, Experiment 52). Such an entry is token 0's.
+    const uint32_t everyone = (1u << tokens) - 1;
+    uint32_t common = 0;
+#pragma unroll
+    for (int i = 0; i < WARP_ROWS; ++i) {
+      const bool makes = ((made >> i) & 1u) != 0;
+      common += __popc(__ballot_sync(0xffffffffu, makes && map[static_cast<uint32_t>(index[i]) - chunk] == everyone));
+    }
+    if (lane == 0) common_counts[warp] = common;
+    __syncthreads();
+    // Every warp scans the warps' counts of common entries itself.
+    const uint32_t common_count = lane < WARPS ? common_counts[lane] : 0u;
+    uint32_t common_scan = common_count;  // inclusive
+#pragma unroll
+    for (int d = 1; d < WARPS; d *= 2) {
+      const uint32_t from = __shfl_up_sync(0xffffffffu, common_scan, d);
+      if (lane >= d) common_scan += from;
+    }
+    const uint32_t common_before = __shfl_sync(0xffffffffu, common_scan - common_count, warp);
+    const uint32_t all_common = __shfl_sync(0xffffffffu, common_scan, WARPS - 1);
+    for (int t = 0; t < tokens; ++t) {
+      const uint32_t entries_before = before[t * WARPS + warp] & 0xffffu, common_here = t == 0 ? common_before : all_common;
+      uint32_t at_common = chunk_begin + common_here, at_rest = chunk_begin + all_common + (entries_before - common_here);
+#pragma unroll
+      for (int i = 0; i < WARP_ROWS; ++i) {
+        const bool makes = ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
+        if (!__any_sync(0xffffffffu, makes)) continue;  // warp-uniform: most rows of tokens past the first
+        const int32_t key = t == 0 ? index[i] : makes ? __ldg(group_in + t * TOPK + 32 * i) : 0;  // the slot's kv row
+        const uint32_t owners = makes ? map[static_cast<uint32_t>(key) - chunk] : 0u;
+        const uint32_t common_ballot = __ballot_sync(0xffffffffu, owners == everyone);
+        const uint32_t rest_ballot = __ballot_sync(0xffffffffu, makes && owners != everyone);
+        if (makes) {
+          const uint32_t below = (1u << lane) - 1;
+          const uint32_t at = owners == everyone ? at_common + __popc(common_ballot & below) : at_rest + __popc(rest_ballot & below);
+          p.group_indices[list + at] = key;
+          entry_owner[at] = static_cast<uint8_t>(owners);
+        }
+        at_common += __popc(common_ballot);
+        at_rest += __popc(rest_ballot);
+      }
+    }
     __syncthreads();  // the map is read: the next chunk may clear it
   }
-
-  // The warps' counts scanned: each entry's place in the list.
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) {
-    counts += __shfl_xor_sync(0xffffffffu, counts, d);
-  }
-  if (lane == 0) warp_sums[warp] = counts;
-  __syncthreads();
-  uint32_t at = 0, total = 0;
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w) {
-    const uint32_t sums = warp_sums[w];
-    at += w < warp ? sums & 0xffffu : 0u;
-    total += sums;
-  }
-  const uint32_t entries = total & 0xffffu, group_valid_slots = total >> 16;
-  // A group without valid slots runs grouped: its rows' outputs are those of empty rows either way.
-  const bool token_repeats_row = chunk < static_cast<uint32_t>(p.s_kv);  // the chunks' loop stopped early
-  const bool pays = !token_repeats_row &&
-                    (entries == 0 || static_cast<float>(entries) <= p.max_union_ratio * static_cast<float>(group_valid_slots));
   if (threadIdx.x == 0) decide_group(p, pays ? static_cast<int32_t>(entries) : -1);
   if (!pays) return;  // its tokens run one by one: no list is read
-  // Each entry's kv row goes to the list, its owner bits to entry_owner.
-  const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
-#pragma unroll 4
-  for (int base = begin; base < end; base += 32) {
-    const int slot = base + lane;
-    const uint32_t owner = slot < end ? slot_owner[slot] : 0u;
-    const uint32_t ballot = __ballot_sync(0xffffffffu, owner != 0);
-    if (owner != 0) {
-      const uint32_t place = at + __popc(ballot & ((1u << lane) - 1));
-      p.group_indices[list + place] = __ldg(group_in + slot);  // the slot's own kv row
-      entry_owner[place] = static_cast<uint8_t>(owner);
-    }
-    at += __popc(ballot);
-  }
-  __syncthreads();
 
   // The owner bits transposed, block by block: token t's mask is a ballot of bit t over the block's
   // entries (0 past the list, up to the end of its last pair).
@@ -235,12 +276,16 @@ __global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(
 // Launches the pre-pass for p.group_size * TOPK <= MAX_GROUP_SLOTS on `stream`; never synchronizes.
 template <int TOPK>
 cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) {
-  const int smem_bytes = group_shared_bytes(p.group_size * TOPK, group_map_rows(p.s_kv));
-  auto kernel = prefill_kernel_token_groups<TOPK>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
-  return cudaGetLastError();
+  if constexpr (max_group_size(TOPK) < 2) {
+    return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
+  } else {
+    const int smem_bytes = group_shared_bytes(p.group_size * TOPK, group_map_rows(p.s_kv));
+    auto kernel = prefill_kernel_token_groups<TOPK>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
+    return cudaGetLastError();
+  }
 }
 
 }  // namespace sparse_mla::sm90::prefill
