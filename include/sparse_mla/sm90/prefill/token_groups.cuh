@@ -92,10 +92,16 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
 // for the list. The pass is bound by the issue of its instructions; a group that falls back writes
 // no list (but for the chunks before the one where it is known, past MAX_MAP_ROWS kv rows).
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
+// A warp's rows of 32 slots per token.
 template <int TOPK>
-__global__ void __launch_bounds__(GROUP_THREADS, 3) prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
+constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + GROUP_THREADS / 32 - 1) / (GROUP_THREADS / 32);
+// Three CTAs per SM; two where a thread holds more than 4 rows' slots (topk > 2048), which at 40
+// registers would spill.
+template <int TOPK>
+__global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2)
+    prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32;
-  constexpr int WARP_ROWS = ((TOPK + 31) / 32 + WARPS - 1) / WARPS;  // a warp's rows of 32 slots per token
+  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
