@@ -81,7 +81,7 @@ __device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int 
 
 // Token groups of the call (at most the grouped launch's work units).
 __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& params) {
-  return params.s_q / params.group_size + (params.s_q % params.group_size != 0);
+  return num_groups_of(params.s_q, params.group_size);
 }
 
 // The launch's work units: in a token-grouped call, the length of its list in group_units (written by

@@ -58,9 +58,7 @@ __host__ __device__ constexpr int group_shared_bytes(int slots, int map_rows) {
 static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_ROWS) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
 
 // The call's groups: one CTA each.
-__host__ __device__ __forceinline__ int num_groups(const TokenGroupParams& p) {
-  return p.s_q / p.group_size + (p.s_q % p.group_size != 0);
-}
+__host__ __device__ __forceinline__ int num_groups(const TokenGroupParams& p) { return num_groups_of(p.s_q, p.group_size); }
 
 // Group blockIdx.x's length (-1: it runs token by token), and the group, or its tokens, appended to
 // the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
