@@ -305,7 +305,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
     c(mbarrier_wait(f"kv_full[{stage}][{wg}]", pair_base // NUM_STAGES))
     if order.proxy_fence in ("consumer", "softmax"):
         c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-    c(*_issue_qk(stage, wg, narrow), *_grouped_row_mask(order, stage, wg), warpgroup_wait(0))
+    c(*_grouped_row_words(order, stage, wg), *_issue_qk(stage, wg, narrow), warpgroup_wait(0))
     softmax(c, order, unit.softmax[0] == "E", stage, 0, wg, _acquire_in_softmax(order, unit, pair_base, 1, wg))
 
     for pair in range(n_pairs):
@@ -325,7 +325,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
                 c(mbarrier_wait(f"kv_full[{next_stage}][{wg}]", (gp + 1) // NUM_STAGES))
             if order.proxy_fence == "consumer":
                 c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
-            c(*_issue_qk(next_stage, wg, narrow), *_grouped_row_mask(order, next_stage, wg))
+            c(*_grouped_row_words(order, next_stage, wg), *_issue_qk(next_stage, wg, narrow))
             c.at(unit_count, pair)
         c(mbarrier_wait(f"kv_full[{stage}][{1 - wg}]", phase, "mbarrier_wait (the other block)"),
           ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"), *_issue_pv(buf, 0, narrow),
@@ -354,10 +354,10 @@ def _issue_qk(stage, wg, narrow=False):
     return [wgmma(name, "q"), wgmma(name, f"kv[{stage}][{wg}]"), warpgroup_commit_batch()]
 
 
-def _grouped_row_mask(order, stage, wg):
-    """grouped_row_mask (consumer.cuh), right after the pair's Q.K^T issue: the rows' valid bits that
+def _grouped_row_words(order, stage, wg):
+    """grouped_row_words (consumer.cuh), right before the pair's Q.K^T issue: the rows' valid bits that
     the pair's softmax masks with."""
-    return [ld_shared(f"row_valid[{stage}][{wg}]", "the rows' valid bits (grouped_row_mask)")] if order.tile == "grouped" else []
+    return [ld_shared(f"row_valid[{stage}][{wg}]", "the rows' valid bits (grouped_row_words)")] if order.tile == "grouped" else []
 
 
 def _issue_pv(buf, block, narrow=False):

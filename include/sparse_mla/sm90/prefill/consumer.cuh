@@ -182,15 +182,21 @@ struct BlockLogits {
   }
 };
 
-// The grouped tile's mask of this thread's two rows for consumer wg's block of stage `stage`. The pair
-// loop loads it right after it issues the pair's Q.K^T, so that the loads and the bit shuffling
-// overlap the tensor cores: at the softmax's start they delayed it (0.5-1.5% of a grouped call), and
-// the mask lived in spilled registers. frag_row(warp, g, 0) and c come from the thread index alone:
-// through consumer_thread()'s warp shuffle, the loads would wait for the shuffle.
+// The grouped tile's valid bits of this thread's two rows for consumer wg's block of stage `stage`, as
+// the producer copied them (one word per row's token). The pair loop loads them before it issues the
+// pair's Q.K^T and turns them into a RowMask after, so that the loads' latency passes behind the
+// wgmma issue: loaded after it, they waited behind the tensor cores' shared-memory reads (ncu: 3-4%
+// of a grouped launch's samples on the shifts that take them; at the softmax's start they delayed it
+// too, and the mask lived in spilled registers). frag_row(warp, g, 0) comes from the thread index
+// alone: through consumer_thread()'s warp shuffle, the loads would wait for the shuffle.
+struct RowValidWords {
+  uint64_t row0, row1;
+  __device__ __forceinline__ RowMask mask() const { return RowMask::of_rows(row0, row1, static_cast<int>(threadIdx.x) & 3); }
+};
 template <int D_QK>
-__device__ __forceinline__ RowMask grouped_row_mask(const SharedStorage<D_QK>& ss, int stage, int wg) {
+__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK>& ss, int stage, int wg) {
   const int tid = static_cast<int>(threadIdx.x), row = ((tid >> 1) & 0x30) | ((tid >> 2) & 7);
-  return RowMask::of_rows(ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8], tid & 3);
+  return {ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8]};
 }
 
 // Online softmax of one pair: logits s and valid bits of this consumer's block of the pair (stage
@@ -200,16 +206,18 @@ __device__ __forceinline__ RowMask grouped_row_mask(const SharedStorage<D_QK>& s
 // maxima between the consumers; one barrier then tells whether any logit of the pair exceeded its
 // row's reference by more than the slack. Only then (the first pair of a unit, and rarely after)
 // the exact path exchanges the maxima, moves the references and writes P again.
-// (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle.)
+// (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle. The rest
+// comes from the thread index without consumer_thread()'s shuffles, whose latency the first P
+// addresses waited for: 1-2% of a call at every tile. Passed from the pair loop instead, it is
+// recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
                                                  int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
+  const ConsumerThread thread = consumer_thread_of_index();
   if constexpr (TILE == Tile::kGrouped) {
-    const ConsumerThread thread = consumer_thread();
     return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
-    const ConsumerThread thread = consumer_thread();
     return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},
                             valid_bits == ~0ull, buf, thread, st);
   }
@@ -313,9 +321,11 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   mbarrier_wait(&ss.kv_full[first.index][wg], first.phase);
   // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
   // masks each of its logits before using it, whatever s holds.
-  if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
   RowMask row_mask{};  // the grouped tile's, of the pair whose softmax comes next
-  if constexpr (TILE == Tile::kGrouped) row_mask = grouped_row_mask(ss, first.index, wg);
+  [[maybe_unused]] RowValidWords row_words{};
+  if constexpr (TILE == Tile::kGrouped) row_words = grouped_row_words(ss, first.index, wg);
+  if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
+  if constexpr (TILE == Tile::kGrouped) row_mask = row_words.mask();
   cute::warpgroup_wait<0>();
   fence_operands(s);
   bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
@@ -344,8 +354,9 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     // The next pair's Q.K^T first: the tensor cores run it while V of block 0 is loaded.
     if (has_next) {
       mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
+      if constexpr (TILE == Tile::kGrouped) row_words = grouped_row_words(ss, stage.next().index, wg);
       if (!ONE_BLOCK || wg == 0) issue_qk(ss, stage.next().index, wg, s);
-      if constexpr (TILE == Tile::kGrouped) row_mask = grouped_row_mask(ss, stage.next().index, wg);
+      if constexpr (TILE == Tile::kGrouped) row_mask = row_words.mask();
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.

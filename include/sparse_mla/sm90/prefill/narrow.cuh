@@ -143,7 +143,7 @@ __device__ __forceinline__ void write_probs_narrow(const float (&s)[NH_REGS], ui
 template <int D_QK>
 __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const float (&s)[NH_REGS], uint64_t valid_bits,
                                                int buf, float scale_log2, NarrowState& st) {
-  const auto [wg, warp, lane, g, c] = consumer_thread();
+  const auto [wg, warp, lane, g, c] = consumer_thread_of_index();  // no shuffles: consumer.cuh's softmax_to_probs
   const uint32_t valid2 = static_cast<uint32_t>((valid_bits >> (16 * warp + g)) & 1u) |
                           (static_cast<uint32_t>((valid_bits >> (16 * warp + g + 8)) & 1u) << 1);
   // Byte 4(g >> 1) of chunk `warp` (swizzled by the head row: (head >> 1) & 3 = c for every head of

@@ -31,6 +31,12 @@ __device__ __forceinline__ ConsumerThread consumer_thread() {
   const int lane = threadIdx.x % 32;
   return {cutlass::canonical_warp_group_idx(), cutlass::canonical_warp_idx_sync() % 4, lane, lane / 4, lane % 4};
 }
+// The same from the thread index alone, without the warp shuffles that tell the compiler wg and warp
+// are warp-uniform: for the softmax, whose first addresses would wait for the shuffles' latency.
+__device__ __forceinline__ ConsumerThread consumer_thread_of_index() {
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+  return {tid / 128, (tid / 32) % 4, lane, lane / 4, lane % 4};
+}
 
 // Waits for the phase with parity `phase` of an mbarrier; later shared-memory accesses stay after it.
 __device__ __forceinline__ void mbarrier_wait(const uint64_t* bar, uint32_t phase) {
