@@ -283,7 +283,7 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 // The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
 // int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
 // describes. A group whose list holds more than max_union_ratio entries per valid slot gets
-// group_length -1, and its list is not read (left as it was, but past MAX_MAP_ROWS kv rows, where the
+// group_length -1, and its list is not read (left as it was, but past map_capacity kv rows, where the
 // chunks before the one that decides it are written). Each group is appended to a unit list of
 // group_units, whose two counts (group_units[0:2]) must be zero. Launches on the caller's current stream.
 template <int TOPK>

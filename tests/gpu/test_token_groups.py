@@ -26,17 +26,25 @@ def describe(seed: int, **fields) -> str:
     return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-OWNER_MAP_ROWS = 196608  # token_groups.cuh's MAX_MAP_ROWS: kv rows per chunk of the pre-pass's owner map
+OWNER_MAP_BYTES = 196608  # token_groups.cuh's MAX_MAP_BYTES
+
+
+def owner_map_rows(group: int, topk: int) -> int:
+    """kv rows per chunk of the pre-pass's owner map (token_groups.cuh's map_capacity): 2, 4 or 8 bits a
+    row for groups of up to 2, 4 or 8 tokens, and a byte at every group size past topk 2048."""
+    bits = 8 if topk > 2048 else 2 if group <= 2 else 4 if group <= 4 else 8
+    return OWNER_MAP_BYTES * 8 // bits
 
 
 def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio: float):
     """The pre-pass's rule on the host: per group, each distinct valid row once, owned by the tokens that
-    selected it, chunk by chunk of OWNER_MAP_ROWS kv rows, in each first the rows every token of the
+    selected it, chunk by chunk of owner_map_rows kv rows, in each first the rows every token of the
     group selected, then the others, each part in order of first occurrence over (token, slot); length
     -1 (the group runs token by token) where some token selected a row more than once or the list holds
     more than ``ratio`` entries per valid slot. Returns per group (entries, owners, length)."""
     rows = indices[:, 0].cpu().tolist()
     s_q, topk = len(rows), len(rows[0])
+    chunk_rows = owner_map_rows(group, topk)
     lengths = [topk] * s_q if topk_length is None else [min(max(n, 0), topk) for n in topk_length.cpu().tolist()]
     result = []
     for first in range(0, s_q, group):
@@ -51,7 +59,7 @@ def host_lists(indices: torch.Tensor, topk_length, s_kv: int, group: int, ratio:
         pays = not duplicate and (len(owners_of) == 0 or len(owners_of) <= ratio * n_valid)
         everyone = (1 << len(tokens)) - 1
         # Stable: first occurrence within each part.
-        entries = sorted(owners_of, key=lambda v: (v // OWNER_MAP_ROWS, owners_of[v] != everyone))
+        entries = sorted(owners_of, key=lambda v: (v // chunk_rows, owners_of[v] != everyone))
         result.append((entries, [owners_of[v] for v in entries], len(entries) if pays else -1))
     return result
 
@@ -139,10 +147,13 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
     assert_lists_follow_the_rule(inputs, group, describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group))
 
 
-def test_kv_rows_past_one_owner_map_are_mapped_in_chunks(check_prefill, seed):
-    """More kv rows than the pre-pass's owner map holds (196,608): it covers them in chunks, walking the
+@pytest.mark.parametrize("h_q, s_kv", [(8, 250_000), (16, 500_000), (32, 900_000)])
+def test_kv_rows_past_one_owner_map_are_mapped_in_chunks(check_prefill, seed, h_q, s_kv):
+    """More kv rows than the pre-pass's owner map holds (196,608 at a byte per row for groups of 8,
+    393,216 and 786,432 at 4 and 2 bits for groups of 4 and 2): it covers them in chunks, walking the
     group's slots once per chunk; the lists and the call's results are the same rule's."""
-    s_q, s_kv, h_q, topk = 24, 500_000, 16, 512
+    s_q, topk = 24, 512
+    assert s_kv > owner_map_rows(group_size(h_q, topk), topk)
     inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed, invalid="hostile")
     group = group_size(h_q, topk)
     inputs = with_duplicated_groups(with_shared_neighbours(inputs, group, 0.8, seed), group, seed=seed)

@@ -6,7 +6,7 @@
 // of token t), gathers the union of their selections once and masks each row to its own token's
 // slots. prefill_kernel_token_groups lists, per group, that union: each distinct valid kv row once,
 // first the rows that every token of the group selected, then the others, each part in the order of
-// first occurrence in the tokens' slot lists (token 0's, then token 1's, ...; past MAX_MAP_ROWS kv
+// first occurrence in the tokens' slot lists (token 0's, then token 1's, ...; past map_capacity kv
 // rows, so chunk by chunk of the owner map), and the set
 // of the group's tokens that selected it (its owner bits) as the grouped tile's producer copies them:
 // per block of 64 entries, one 64-bit mask per token (group_masks, bit r: entry r of the block).
@@ -35,27 +35,55 @@ namespace sparse_mla::sm90::prefill {
 
 constexpr int GROUP_THREADS = 512;
 constexpr int MAX_GROUP_SLOTS = 16384;  // G * TOPK at most: an entry's owner byte each
-// kv rows of the owner map at most (a byte each): with more kv rows, the map covers them in chunks of
-// this many, the group's slots are walked once per chunk, and the list holds each chunk's entries
-// after the chunk before's.
-constexpr int MAX_MAP_ROWS = 196608;
+// Bytes of the owner map at most. A kv row's owner bits take MAP_BITS = 8, 4 or 2 bits (group_map_bits).
+// With more kv rows than the map holds (map_capacity), it covers them in chunks of that many, the
+// group's slots are walked once per chunk, and the list holds each chunk's entries after the chunk
+// before's.
+constexpr int MAX_MAP_BYTES = 196608;
 static_assert(MAX_GROUP <= 8, "a row's owner bits fit a byte");
+// kv rows per chunk of the map.
+__host__ __device__ constexpr int map_capacity(int bits) { return MAX_MAP_BYTES * 8 / bits; }
 
 // Rows of a group's owner map: every kv row, rounded up to whole 16-byte vectors and to at least 32
 // words (an insert of a slot outside the map ORs 0 into word `lane`), or a chunk.
-__host__ __device__ constexpr int group_map_rows(int s_kv) {
-  return s_kv <= 128 ? 128 : s_kv <= MAX_MAP_ROWS - 15 ? (s_kv + 15) / 16 * 16 : MAX_MAP_ROWS;
+__host__ __device__ constexpr int group_map_rows(int s_kv, int bits) {
+  const int vector_rows = 128 / bits, min_rows = 32 * 32 / bits;
+  return s_kv <= min_rows                             ? min_rows
+         : s_kv <= map_capacity(bits) - vector_rows + 1 ? (s_kv + vector_rows - 1) / vector_rows * vector_rows
+                                                        : map_capacity(bits);
 }
+__host__ __device__ constexpr int group_map_bytes(int map_rows, int bits) { return map_rows / 8 * bits; }
 // Tokens per group at most with TOPK slots each.
 __host__ __device__ constexpr int max_group_size(int topk) {
   return MAX_GROUP_SLOTS / topk < MAX_GROUP ? MAX_GROUP_SLOTS / topk : MAX_GROUP;
 }
 // Shared memory of a group's CTA: the map, each entry's owner byte, the (token, warp)s' counts and
 // their scan, the warps' counts of common entries, the tokens' lengths.
-__host__ __device__ constexpr int group_shared_bytes(int slots, int map_rows) {
-  return map_rows + (slots + 15) / 16 * 16 + ((2 * MAX_GROUP + 1) * (GROUP_THREADS / 32) + 1) * 4 + MAX_GROUP * 4;
+__host__ __device__ constexpr int group_shared_bytes(int slots, int map_bytes) {
+  return map_bytes + (slots + 15) / 16 * 16 + ((2 * MAX_GROUP + 1) * (GROUP_THREADS / 32) + 1) * 4 + MAX_GROUP * 4;
 }
-static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_ROWS) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
+static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_BYTES) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
+
+// A template parameter of the pre-pass below.
+template <int TOPK>
+constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + GROUP_THREADS / 32 - 1) / (GROUP_THREADS / 32);
+// The pre-pass's CTAs per SM: three; two where a thread holds more than 4 rows' slots (topk > 2048),
+// which at 40 registers would spill.
+template <int TOPK>
+constexpr int GROUP_CTAS_PER_SM = GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2;
+constexpr int SHARED_MEMORY_PER_SM = 233472;  // SM90: 228 KB, of which 1 KB per CTA is the system's
+// Bits of a kv row's owner field: a byte where the map at a byte per row leaves the SM its three
+// CTAs; where it does not (s_kv past ~64K), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
+// s_kv 128K three CTAs share an SM instead of one (Experiment 56 of benchmarks/notes/2026-12-01.md:
+// the pre-pass 68-87 -> 45-57 us there; at 8-32K the packed map was 2-4 us slower: more rows share a
+// word, and reading a row's owners takes a shift). Past topk 2048 always a byte: packed, the kernel
+// would spill.
+template <int TOPK>
+__host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
+  const int byte_map = group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, 8), 8));
+  if (GROUP_CTAS_PER_SM<TOPK> < 3 || (byte_map + 1024) * 3 <= SHARED_MEMORY_PER_SM) return 8;
+  return group_size <= 2 ? 2 : group_size <= 4 ? 4 : 8;
+}
 
 // The call's groups: one CTA each.
 __host__ __device__ __forceinline__ int num_groups(const TokenGroupParams& p) { return num_groups_of(p.s_q, p.group_size); }
@@ -78,38 +106,39 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
   }
 }
 
-// One CTA per group. The owner map is indexed by kv row: bit t of row r says that token t selected
-// r, so inserting a slot is one shared-memory atomicOr, with no probing, and its old value says
-// whether the token had the row already (a duplicate) and whether an earlier token had it. The
+// One CTA per group. The owner map is indexed by kv row: bit t of row r's field says that token t
+// selected r, so inserting a slot is one shared-memory atomicOr, with no probing, and its old value
+// says whether the token had the row already (a duplicate) and whether an earlier token had it. The
 // tokens are inserted one at a time, in order, a barrier after each (a round): a slot whose row's
-// byte was 0 makes the row's entry, so one pass over the slots finds every entry in order of first
+// field was 0 makes the row's entry, so one pass over the slots finds every entry in order of first
 // occurrence, and the list pass touches only the rows of 32 slots that make one (at realistic
 // overlap, token 0's and few others). Warp w takes rows w * WARP_ROWS .. of 32 consecutive slots of
 // each token, so that index loads are coalesced and a ballot places a row's entries; the next
 // token's loads are in flight during a round, and after the last round token 0's are loaded again,
 // for the list. The pass is bound by the issue of its instructions; a group that falls back writes
-// no list (but for the chunks before the one where it is known, past MAX_MAP_ROWS kv rows).
+// no list (but for the chunks before the one where it is known, past map_capacity kv rows).
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
-// A warp's rows of 32 slots per token.
-template <int TOPK>
-constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + GROUP_THREADS / 32 - 1) / (GROUP_THREADS / 32);
-// Three CTAs per SM; two where a thread holds more than 4 rows' slots (topk > 2048), which at 40
-// registers would spill.
-template <int TOPK>
-__global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2)
+template <int TOPK, int MAP_BITS>
+__global__ void __launch_bounds__(GROUP_THREADS, GROUP_CTAS_PER_SM<TOPK>)
     prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32;
-  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
+  constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
+  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;  // a warp's rows of 32 slots per token
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group_size = p.group_size;
   const int slots = group_size * TOPK, padded_slots = (slots + 15) / 16 * 16;
-  const uint32_t map_rows = group_map_rows(p.s_kv);
+  const uint32_t map_rows = group_map_rows(p.s_kv, MAP_BITS), map_bytes = group_map_bytes(map_rows, MAP_BITS);
   extern __shared__ __align__(16) uint8_t shared[];
-  uint8_t* map = shared;                                 // bit t of row r - chunk: token t selected kv row r
-  uint8_t* entry_owner = map + map_rows;                 // the owner bits of each entry of the list
+  // Bit MAP_BITS * (r % WORD_ROWS) + t of word r / WORD_ROWS (r: kv row - chunk): token t selected it.
+  uint32_t* map = reinterpret_cast<uint32_t*>(shared);
+  const auto owners_of = [&](uint32_t r) -> uint32_t {
+    if constexpr (MAP_BITS == 8) return shared[r];
+    else return (map[r / WORD_ROWS] >> (MAP_BITS * (r % WORD_ROWS))) & OWNER_MASK;
+  };
+  uint8_t* entry_owner = shared + map_bytes;             // the owner bits of each entry of the list
   // Per (token, warp): the entries its slots make (low 16 bits) and its valid slots (high 16 bits).
   uint32_t* counts = reinterpret_cast<uint32_t*>(entry_owner + padded_slots);
   uint32_t* before = counts + MAX_GROUP * WARPS;         // the same, summed over the (token, warp)s before
@@ -132,7 +161,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 
     for (int i = 0; i < WARP_ROWS; ++i) to[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + t * TOPK + 32 * i) : -1;
   };
 
-  // Per chunk of kv rows (one, unless s_kv > MAX_MAP_ROWS): the rounds, then the entries the chunk's
+  // Per chunk of kv rows (one, unless s_kv > map_capacity): the rounds, then the entries the chunk's
   // slots made appended to the list, each with its owner bits from the map (Experiment 52 of
   // benchmarks/notes/2026-12-01.md: at 8K-32K a fifth less time than three passes over the slots).
   const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
@@ -142,7 +171,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 
   int32_t index[WARP_ROWS];
   load_token(index, 0);
   for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv) && pays; chunk += map_rows) {
-    for (uint32_t v = threadIdx.x; v < map_rows / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
+    for (uint32_t v = threadIdx.x; v < map_bytes / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
     __syncthreads();
     NewBits made = 0;
     for (int t = 0; t < tokens; ++t) {
@@ -154,16 +183,16 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 
         // row lies outside the chunk, ORs 0 into its lane's own word (no two lanes on one word).
         const int32_t key = index[i];
         const bool valid = first_slot + 32 * i < length && key >= 0 && key < p.s_kv;
-        const uint32_t row = static_cast<uint32_t>(key) - chunk, shift = 8 * (row & 3);
+        const uint32_t row = static_cast<uint32_t>(key) - chunk, shift = MAP_BITS * (row % WORD_ROWS);
         const bool in = valid && row < map_rows;
         const uint32_t bits = in ? (1u << t) << shift : 0u;
-        const uint32_t old = atomicOr(reinterpret_cast<uint32_t*>(map) + (in ? row / 4 : static_cast<uint32_t>(lane)), bits);
+        const uint32_t old = atomicOr(map + (in ? row / WORD_ROWS : static_cast<uint32_t>(lane)), bits);
         duplicate |= old & bits;
         // The register is free: the next token's slot of this row (after the last, token 0's, for the
         // list), in flight during the round's rest.
         const int next = t + 1 < tokens ? t + 1 : 0;
         index[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + next * TOPK + 32 * i) : -1;
-        const bool makes = in && ((old >> shift) & 0xffu) == 0;  // no token before t selected the row
+        const bool makes = in && ((old >> shift) & OWNER_MASK) == 0;  // no token before t selected the row
         made |= static_cast<NewBits>(makes) << (t * WARP_ROWS + i);
         count += static_cast<uint32_t>(makes) | (chunk == 0 && valid ? 1u << 16 : 0u);
       }
@@ -218,7 +247,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 
 #pragma unroll
     for (int i = 0; i < WARP_ROWS; ++i) {
       const bool makes = ((made >> i) & 1u) != 0;
-      common += __popc(__ballot_sync(0xffffffffu, makes && map[static_cast<uint32_t>(index[i]) - chunk] == everyone));
+      common += __popc(__ballot_sync(0xffffffffu, makes && owners_of(static_cast<uint32_t>(index[i]) - chunk) == everyone));
     }
     if (lane == 0) common_counts[warp] = common;
     __syncthreads();
@@ -240,7 +269,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_WARP_ROWS<TOPK> <= 4 ? 3 
         const bool makes = ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
         if (!__any_sync(0xffffffffu, makes)) continue;  // warp-uniform: most rows of tokens past the first
         const int32_t key = t == 0 ? index[i] : makes ? __ldg(group_in + t * TOPK + 32 * i) : 0;  // the slot's kv row
-        const uint32_t owners = makes ? map[static_cast<uint32_t>(key) - chunk] : 0u;
+        const uint32_t owners = makes ? owners_of(static_cast<uint32_t>(key) - chunk) : 0u;
         const uint32_t common_ballot = __ballot_sync(0xffffffffu, owners == everyone);
         const uint32_t rest_ballot = __ballot_sync(0xffffffffu, makes && owners != everyone);
         if (makes) {
@@ -283,8 +312,13 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
   if constexpr (max_group_size(TOPK) < 2) {
     return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
   } else {
-    const int smem_bytes = group_shared_bytes(p.group_size * TOPK, group_map_rows(p.s_kv));
-    auto kernel = prefill_kernel_token_groups<TOPK>;
+    const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
+    const int smem_bytes = group_shared_bytes(p.group_size * TOPK, group_map_bytes(group_map_rows(p.s_kv, bits), bits));
+    auto kernel = prefill_kernel_token_groups<TOPK, 8>;
+    if constexpr (GROUP_CTAS_PER_SM<TOPK> == 3) {
+      if (bits == 2) kernel = prefill_kernel_token_groups<TOPK, 2>;
+      if (bits == 4) kernel = prefill_kernel_token_groups<TOPK, 4>;
+    }
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
     kernel<<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
