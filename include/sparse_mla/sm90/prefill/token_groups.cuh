@@ -64,7 +64,7 @@ __host__ __device__ constexpr int group_shared_bytes(int slots, int map_bytes) {
 }
 static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_BYTES) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
 
-// A template parameter of the pre-pass below.
+// A pre-pass warp's rows of 32 slots per token.
 template <int TOPK>
 constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + GROUP_THREADS / 32 - 1) / (GROUP_THREADS / 32);
 // The pre-pass's CTAs per SM: three; two where a thread holds more than 4 rows' slots (topk > 2048),
@@ -73,7 +73,7 @@ template <int TOPK>
 constexpr int GROUP_CTAS_PER_SM = GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2;
 constexpr int SHARED_MEMORY_PER_SM = 233472;  // SM90: 228 KB, of which 1 KB per CTA is the system's
 // Bits of a kv row's owner field: a byte where the map at a byte per row leaves the SM its three
-// CTAs; where it does not (s_kv past ~64K), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
+// CTAs; where it does not (s_kv past ~68K at topk 2048), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
 // s_kv 128K three CTAs share an SM instead of one (Experiment 56 of benchmarks/notes/2026-12-01.md:
 // the pre-pass 68-87 -> 45-57 us there; at 8-32K the packed map was 2-4 us slower: more rows share a
 // word, and reading a row's owners takes a shift). Past topk 2048 always a byte: packed, the kernel
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_CTAS_PER_SM<TOPK>)
     prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32;
   constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
-  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;  // a warp's rows of 32 slots per token
+  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
