@@ -17,7 +17,8 @@
   share most of their slots, half do not, so in the automatic mode grouped and narrow units (each
   launch skipping the other's) follow each other on every CTA; then every group grouped. topk 512,
   topk_length 0 / 100 / 512 in turn, hostile indices, duplicates in every fourth group (which falls
-  back), NaN rows behind invalid slots, sinks.
+  back), NaN rows behind invalid slots, sinks. At s_kv 4K the pre-pass's owner map holds a byte per
+  kv row; the same at s_kv 128K with groups of 4 (h_q 16) and 2 (h_q 32) packs it to 4 and 2 bits.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -29,6 +30,7 @@ import sys
 import torch
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.launch import group_size
 from sparse_mla.testing import (
     INT32_MAX,
     INT32_MIN,
@@ -80,20 +82,23 @@ def units_cases(seed: int):
 
 
 def groups_cases(seed: int):
-    topk, group = 512, 4
-    s_q = group * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 1) + 3
-    inputs = make_inputs(
-        s_q=s_q, s_kv=4096, h_q=16, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
-        attn_sink="special",
-    )
-    shared = with_shared_neighbours(inputs, group, 0.9, seed)
-    half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
-    inputs["indices"] = torch.where(half, shared["indices"], inputs["indices"]).contiguous()
-    inputs = with_duplicated_groups(inputs, group, seed=seed)  # every other overlapping group
-    inputs["topk_length"] = torch.tensor([(0, 100, topk)[i % 3] for i in range(s_q)], dtype=torch.int32, device="cuda")
-    for mode in ("auto", "always"):
-        os.environ["SPARSE_MLA_TOKEN_GROUPS"] = mode  # read by the call that follows the yield
-        yield f"groups ({mode}): s_q {s_q}, h_q 16, d_qk 576, topk {topk}, half the groups overlapping", inputs
+    topk = 512
+    for s_kv, h_q, modes in ((4096, 16, ("auto", "always")), (131072, 16, ("auto",)), (131072, 32, ("auto",))):
+        group = group_size(h_q, topk)
+        s_q = group * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 1) + 3
+        inputs = make_inputs(
+            s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
+            attn_sink="special",
+        )
+        shared = with_shared_neighbours(inputs, group, 0.9, seed)
+        half = (torch.arange(s_q, device="cuda") // group % 2 == 0).view(s_q, 1, 1)
+        inputs["indices"] = torch.where(half, shared["indices"], inputs["indices"]).contiguous()
+        inputs = with_duplicated_groups(inputs, group, seed=seed)  # every other overlapping group
+        inputs["topk_length"] = torch.tensor([(0, 100, topk)[i % 3] for i in range(s_q)], dtype=torch.int32, device="cuda")
+        for mode in modes:
+            os.environ["SPARSE_MLA_TOKEN_GROUPS"] = mode  # read by the call that follows the yield
+            yield (f"groups ({mode}): s_q {s_q}, s_kv {s_kv}, h_q {h_q}, d_qk 576, topk {topk}, half the groups "
+                   "overlapping"), inputs
 
 
 seed, case = int(sys.argv[1]), sys.argv[2]

@@ -49,7 +49,8 @@ def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
     hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6; ``units``: more work
     units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA; ``groups``: token
-    groups, more than CTAs, grouped and narrow units in turn (sanitize_case.py)."""
+    groups, more than CTAs, grouped and narrow units in turn, the owner map at 8, 4 and 2 bits a row
+    (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
