@@ -9,10 +9,14 @@ threshold (Experiment 43's run used 0.7 at 32K and 0.55 at 128K, the thresholds 
 root under two names times one build twice: the noise floor. (Experiment 43 of ``benchmarks/notes/2026-12-01.md``.)
 
     python benchmarks/experiments/token_groups/prepass_ab.py hash=/tmp/jit_old map=/tmp/jit_new hash2=/tmp/jit_old
+
+``CASES=realistic-glm:131072:8,uniform:8192:16`` (pattern:s_kv:h_q, comma-separated) replaces the
+cases below.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
@@ -47,7 +51,10 @@ def same_lists(a, b) -> bool:
 
 def main() -> None:
     variants = [load_variant(spec) for spec in sys.argv[1:]]
-    for pattern, s_kv, h_q in CASES:
+    cases = CASES
+    if os.environ.get("CASES"):
+        cases = [(p, int(s_kv), int(h_q)) for p, s_kv, h_q in (c.split(":") for c in os.environ["CASES"].split(","))]
+    for pattern, s_kv, h_q in cases:
         indices = pattern_indices(pattern, S_Q, s_kv, TOPK, 0, make_inputs(S_Q, s_kv, h_q, 576, TOPK, seed=0)["indices"])
         group = group_size(h_q, TOPK)
         calls, lists = {}, {}
