@@ -133,7 +133,7 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
                               << " rows and " << MAX_GROUP_SLOTS << " slots, each list given, or 1 and none)";
   }
   if (!groups) return;
-  const int64_t n_groups = (s_q + group_size - 1) / group_size;
+  const int64_t n_groups = sm90::prefill::num_groups_of(s_q, group_size);
   check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
   check_contiguous(*group_indices, "group_indices");
   check_tensor(*group_masks, "group_masks", device, kDLInt, 64,

@@ -30,8 +30,10 @@ OWNER_MAP_BYTES = 196608  # token_groups.cuh's MAX_MAP_BYTES
 
 
 def owner_map_rows(group: int, topk: int) -> int:
-    """kv rows per chunk of the pre-pass's owner map (token_groups.cuh's map_capacity): 2, 4 or 8 bits a
-    row for groups of up to 2, 4 or 8 tokens, and a byte at every group size past topk 2048."""
+    """kv rows per chunk of the pre-pass's owner map (token_groups.cuh's map_capacity) past the first
+    196,608, where a byte map never leaves an SM three CTAs: 2, 4 or 8 bits a row for groups of up to 2,
+    4 or 8 tokens, and a byte at every group size past topk 2048. (With fewer kv rows there is one chunk,
+    whatever the field's width.)"""
     bits = 8 if topk > 2048 else 2 if group <= 2 else 4 if group <= 4 else 8
     return OWNER_MAP_BYTES * 8 // bits
 
