@@ -69,15 +69,22 @@ def pipeline_cases(seed: int):
     yield f"pipeline: d_qk 576, topk {topk}, h_q 72, topk_length {lengths}", inputs
 
 
+def lengths_in_turn(s_q: int, topk: int, sms: int) -> torch.Tensor:
+    """topk_length 0, 100 and topk in turn over the work units of each CTA: CTA b runs units b, b + sms,
+    b + 2 sms, ..., so unit i takes length (i + i // sms) % 3 (by i % 3 alone, every CTA of a GPU whose
+    SM count is a multiple of 3, as an H200's 132, would run one length only)."""
+    return torch.tensor([(0, 100, topk)[(i + i // sms) % 3] for i in range(s_q)], dtype=torch.int32, device="cuda")
+
+
 def units_cases(seed: int):
     topk = 512
-    s_q = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 5
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    s_q = 2 * sms + 5
     inputs = make_inputs(
         s_q=s_q, s_kv=4096, h_q=64, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
         attn_sink="special",
     )
-    lengths = [(0, 100, topk)[i % 3] for i in range(s_q)]
-    inputs["topk_length"] = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    inputs["topk_length"] = lengths_in_turn(s_q, topk, sms)
     yield f"units: s_q {s_q}, h_q 64, d_qk 576, topk {topk}, topk_length 0 / 100 / {topk} in turn", inputs
 
 
