@@ -5,7 +5,7 @@ consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts,
 with the narrow-head tile, run_narrow_mainloop, softmax_narrow, store_outputs_narrow: narrow.cuh), both
 in kernel.cuh's unit loops, for a sequence of work units on one CTA, each event named after the kernel
 statement it stands for: cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
-cpasync_barrier_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
+cp_async_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
 wait_group; st.shared, ld.shared and ldmatrix; fence.proxy.async. From them, check() builds the
 happens-before graph:
 - program order within each agent (a warpgroup is one agent);
@@ -80,11 +80,24 @@ class KernelOrder:
     # order over a token group, the producer copying each tile row's valid bits (its token's mask from
     # the pre-pass) into row_valid with the block's rows; no split merge).
     tile: str = "wide"
+    # The narrow tile's early release (narrow.cuh): a pair's V rows go into registers and the pair back
+    # to the producer right after the pair's softmax; P.V of both blocks is one wgmma group, issued
+    # after the next pair's Q.K^T, and the consumer retires the Q.K^T alone (wait_group 1) before the
+    # next softmax.
+    v_after_softmax: bool = False
+    # With the producer-side fence: pairs the producer issues ahead of the one it hands over. With 1,
+    # pair p + 1's copies are committed before pair p's handoff waits (wait_group 3, then 2): a
+    # measured alternative (benchmarks/experiments/narrow_pipeline/), where the copies' own arrival
+    # (proxy_fence "consumer") needs no lookahead, the producer never waiting for a copy.
+    producer_lookahead: int = 0
 
     def __post_init__(self):
         assert self.proxy_fence in ("none", "producer", "consumer", "softmax"), self.proxy_fence
         assert self.probs_buffers in (2, 3), self.probs_buffers
         assert self.tile in ("wide", "narrow", "grouped"), self.tile
+        assert not self.v_after_softmax or (self.tile == "narrow" and self.pv_wait_in_softmax
+                                            and self.proxy_fence in ("producer", "consumer")), "narrow.cuh's order only"
+        assert self.producer_lookahead in (0, 1) and (self.producer_lookahead == 0 or self.proxy_fence == "producer")
 
 
 # The kernel at f7e0947: P.V(p, block 1) retired after the softmax's barrier, the cp.async-tracking
@@ -94,9 +107,10 @@ F7E0947_ORDER = KernelOrder(pv_wait_in_softmax=False, proxy_fence="none", probs_
 # proxy fence, per pair; consumer.cuh and producer.cuh point here. The one definition: change it with
 # the kernel, in the same commit.
 KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", probs_buffers=2)
-# The narrow-head tile (kernel.cuh's NARROW path, narrow.cuh) as it ships: the same producer and the
-# same pair-loop order as KERNEL_ORDER; narrow.cuh points here. Change it with the kernel, in the same commit.
-NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow")
+# The narrow-head tile (kernel.cuh's NARROW path, narrow.cuh) as it ships: the early release, the
+# copies' landing arriving on kv_full and q_full by itself (copies_arrive in traits.cuh) and each
+# consumer's fence after its wait; narrow.cuh points here. Change it with the kernel, in the same commit.
+NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow", v_after_softmax=True, proxy_fence="consumer")
 # The grouped tile (token_groups.cuh) as it ships: KERNEL_ORDER with per-token valid bits.
 GROUPED_ORDER = replace(KERNEL_ORDER, tile="grouped")
 
@@ -151,8 +165,9 @@ def cp_async_wait_all():
     return Event("cp.async.wait_all", "cp.async.wait_all")
 
 
-def cpasync_barrier_arrive_noinc(barrier):
-    return Event("mbarrier.arrive.noinc", "cpasync_barrier_arrive_noinc", barrier)
+def cp_async_arrive_noinc(barrier):
+    """cp_async_arrive_noinc (primitives.cuh; f7e0947 called CUTLASS's cpasync_barrier_arrive_noinc)."""
+    return Event("mbarrier.arrive.noinc", "cp_async_arrive_noinc", barrier)
 
 
 def arrive(barrier, name="mbarrier_arrive", arrivals=1):
@@ -230,38 +245,53 @@ def producer_events(order, units):
             if unit.n_pairs == 0:
                 p(*_landed_then_arrive(0, ["q_full"]))
         else:
-            p(cp_async_16("q"), cpasync_barrier_arrive_noinc("q_full"))
+            p(cp_async_16("q"), cp_async_arrive_noinc("q_full"))
+        ahead = order.producer_lookahead
+        if ahead and unit.n_pairs > 0:
+            _issue_pair(p, order, unit_count, pair_base, 0)
         for pair in range(unit.n_pairs):
             gp = pair_base + pair
             stage = gp % NUM_STAGES
+            issues = pair + ahead < unit.n_pairs
+            if issues:
+                _issue_pair(p, order, unit_count, pair_base, pair + ahead)
             p.at(unit_count, pair)
-            for b in (0, 1):
-                if gp >= NUM_STAGES:
-                    p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
-                if order.tile == "grouped":  # the masks travel with the rows, in the block's copy group
-                    p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_8(f"row_valid[{stage}][{b}]"))
-                    valid = None
-                else:
-                    p(cp_async_16(f"kv[{stage}][{b}]"))
-                    valid = st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)")
-                if order.proxy_fence == "producer":
-                    p(cp_async_commit_group(), *([valid] if valid else []))
-                else:
-                    p(cpasync_barrier_arrive_noinc(f"kv_full[{stage}][{b}]"), *([valid] if valid else []),
-                      arrive(f"kv_full[{stage}][{b}]", "ClusterBarrier::arrive (lane 0 of each warp)"))
             if order.proxy_fence == "producer":
-                p(*_landed_then_arrive(1, (["q_full"] if pair == 0 else []) + [f"kv_full[{stage}][0]"]),
-                  *_landed_then_arrive(0, [f"kv_full[{stage}][1]"]))
+                pending = 3 if ahead and issues else 1  # pair p + 1's two groups were committed after pair p's
+                p(*_landed_then_arrive(pending, (["q_full"] if pair == 0 else []) + [f"kv_full[{stage}][0]"]),
+                  *_landed_then_arrive(pending - 1, [f"kv_full[{stage}][1]"]))
         pair_base += unit.n_pairs
     if order.proxy_fence != "producer":
         p(cp_async_wait_all())
     return p.events
 
 
+def _issue_pair(p, order, unit_count, pair_base, pair):
+    """produce_unit's issue_pair: each block's copies once its stage is free, a commit group per block."""
+    gp = pair_base + pair
+    stage = gp % NUM_STAGES
+    p.at(unit_count, pair)
+    for b in (0, 1):
+        if gp >= NUM_STAGES:
+            p(mbarrier_wait(f"kv_empty[{stage}][{b}]", gp // NUM_STAGES - 1))
+        if order.tile == "grouped":  # the masks travel with the rows, in the block's copy group
+            p(cp_async_16(f"kv[{stage}][{b}]"), cp_async_8(f"row_valid[{stage}][{b}]"))
+            valid = None
+        else:
+            p(cp_async_16(f"kv[{stage}][{b}]"))
+            valid = st_shared(f"valid[{stage}][{b}]", "valid bits (lane 0 of each warp)")
+        if order.proxy_fence == "producer":
+            p(cp_async_commit_group(), *([valid] if valid else []))
+        else:
+            p(cp_async_arrive_noinc(f"kv_full[{stage}][{b}]"), *([valid] if valid else []),
+              arrive(f"kv_full[{stage}][{b}]", "mbarrier_arrive (lane 0 of each warp, after the valid bits)"))
+
+
 def _landed_then_arrive(pending, barriers):
     """The producer-side handoff: wait until `pending` groups are left in flight, fence for the async
     proxy, then arrive. On kv_full each thread's one arrival stands for both of the noinc order's (its
-    copies, and lane 0's valid bits: KV_FULL_ARRIVALS = 128 there, 128 + 4 before)."""
+    copies, and lane 0's valid bits: kv_full_arrivals in traits.cuh, 128 there, 128 + 4 where the copies
+    arrive by themselves)."""
     return [cp_async_wait_group(pending), fence_proxy_async("fence_view_async_shared (copies landed)"),
             *(arrive(barrier, "mbarrier_arrive (after the copies landed)", 2 if barrier.startswith("kv") else 1)
               for barrier in barriers)]
@@ -290,9 +320,12 @@ def consumer_events(order, units, wg):
 
 
 def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
-    """run_consumer_mainloop (consumer.cuh), or run_narrow_mainloop (narrow.cuh), its order step for
-    step: issue_qk_narrow, issue_pv_narrow and softmax_narrow in place of issue_qk, issue_pv and
-    softmax_to_probs, and the rescale reads alpha from registers (NarrowState), not ss.alpha."""
+    """run_consumer_mainloop (consumer.cuh), or run_narrow_mainloop (narrow.cuh) without the early
+    release, its order step for step: issue_qk_narrow, issue_pv_narrow and softmax_narrow in place of
+    issue_qk, issue_pv and softmax_to_probs, and the rescale reads alpha from registers (NarrowState),
+    not ss.alpha."""
+    if order.v_after_softmax:
+        return _run_narrow_mainloop(c, order, unit, unit_count, pair_base, wg)
     n_pairs = unit.n_pairs
     narrow = order.tile == "narrow"
     softmax = _softmax_narrow if narrow else _softmax_to_probs
@@ -338,6 +371,47 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
                     _acquire_in_softmax(order, unit, pair_base, pair + 2, wg))
             c.at(unit_count, pair)
         c(warpgroup_wait(0))
+
+
+def _run_narrow_mainloop(c, order, unit, unit_count, pair_base, wg):
+    """run_narrow_mainloop (narrow.cuh): each pair's V rows into registers and the pair released right
+    after its softmax (take_v); every pair but the last: Q.K^T(p + 1), P.V(p) of both blocks in one
+    group, wait_group 1 (Q.K^T retired), softmax(p + 1), take_v(p + 1); then the last pair's P.V."""
+    n_pairs = unit.n_pairs
+    c.at(unit_count, 0)
+    c(mbarrier_wait("q_full", unit_count))
+    if n_pairs == 0:
+        c(arrive("q_empty"))
+        return
+
+    def take_v(gp):
+        stage, phase = gp % NUM_STAGES, gp // NUM_STAGES
+        c(mbarrier_wait(f"kv_full[{stage}][{1 - wg}]", phase, "mbarrier_wait (the other block)"),
+          ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"),
+          ldmatrix_x4_trans(f"kv[{stage}][1]"), arrive(f"kv_empty[{stage}][1]"))
+
+    def issue_pv(buf):
+        return [wgmma("issue_pv_narrow", f"probs[{buf}][0]"), wgmma("issue_pv_narrow", f"probs[{buf}][1]"),
+                warpgroup_commit_batch()]
+
+    fence = [fence_proxy_async("fence.proxy.async (before Q.K^T)")] if order.proxy_fence == "consumer" else []
+    stage = pair_base % NUM_STAGES
+    c(mbarrier_wait(f"kv_full[{stage}][{wg}]", pair_base // NUM_STAGES), *fence, *_issue_qk(stage, wg, True),
+      warpgroup_wait(0))
+    _softmax_narrow(c, order, unit.softmax[0] == "E", stage, 0, wg, [])
+    take_v(pair_base)
+    for pair in range(n_pairs - 1):
+        gp = pair_base + pair
+        next_stage = (gp + 1) % NUM_STAGES
+        c.at(unit_count, pair + 1)
+        c(mbarrier_wait(f"kv_full[{next_stage}][{wg}]", (gp + 1) // NUM_STAGES), *fence, *_issue_qk(next_stage, wg, True))
+        c.at(unit_count, pair)
+        c(*issue_pv(pair % order.probs_buffers), warpgroup_wait(1, "warpgroup_wait<1> (Q.K^T of the next pair)"))
+        c.at(unit_count, pair + 1)
+        _softmax_narrow(c, order, unit.softmax[pair + 1] == "E", next_stage, (pair + 1) % order.probs_buffers, wg, [])
+        take_v(gp + 1)
+    c.at(unit_count, n_pairs - 1)
+    c(arrive("q_empty"), *issue_pv((n_pairs - 1) % order.probs_buffers), warpgroup_wait(0))
 
 
 def _acquire_in_softmax(order, unit, pair_base, pair, wg):
@@ -447,7 +521,7 @@ def _store_outputs_narrow(c, wg):
 
 
 # Arrival events that complete one phase, per agent (traits.cuh): kv_full, the producer's arrival
-# for its copies (every thread) and its valid-bit arrival (lane 0 of each warp): KV_FULL_ARRIVALS;
+# for its copies (every thread) and its valid-bit arrival (lane 0 of each warp): kv_full_arrivals;
 # q_full, every producer thread once; kv_empty and q_empty, every consumer thread once.
 ARRIVALS_PER_PHASE = {
     "q_full": {"producer": 1},

@@ -1,5 +1,5 @@
 """The happens-before model of the kernel's pair loop (pair_loop_model.py): the
-kernel's order, of both tiles (wide and narrow-head), has no unordered shared-memory access, f7e0947's
+kernel's order, of every tile (wide, narrow-head, grouped), has no unordered shared-memory access, f7e0947's
 has exactly the two known hazards, and each mutation of the kernel's order that breaks one ordering is
 found. No GPU, no compiler, no torch."""
 
@@ -41,6 +41,10 @@ WITH_AN_EMPTY_UNIT = (Unit("EFF"), Unit(""), Unit("E"), Unit("EF"))
 NARROW_SCENARIOS = {"first pair exact": FIRST_EXACT, "all exact": ALL_EXACT, "four pairs": FOUR_PAIRS,
                     "an empty unit, one pair": WITH_AN_EMPTY_UNIT}
 
+# The narrow tile's early release with the producer-side handoff, one pair ahead (the alternative of
+# benchmarks/experiments/narrow_pipeline/).
+LANDED_LOOKAHEAD = replace(NARROW_ORDER, proxy_fence="producer", producer_lookahead=1)
+
 PASSING_ORDERS = {
     "kernel order": KERNEL_ORDER,
     "consumer-side proxy fence": replace(KERNEL_ORDER, proxy_fence="consumer"),
@@ -66,6 +70,26 @@ def test_the_kernel_order_has_no_unordered_access(order, units):
 def test_the_narrow_order_has_no_unordered_access(units):
     findings = check(kernel_roles(NARROW_ORDER, units))
     assert not findings, report(findings)
+
+
+@pytest.mark.parametrize("units", NARROW_SCENARIOS.values(), ids=NARROW_SCENARIOS.keys())
+@pytest.mark.parametrize("order", [LANDED_LOOKAHEAD, replace(LANDED_LOOKAHEAD, producer_lookahead=0)],
+                         ids=["landed, one pair ahead", "landed"])
+def test_the_narrow_early_release_is_ordered_with_the_producer_side_fence_too(order, units):
+    """narrow.cuh's early release with the wide tile's handoff (each producer thread waits for its
+    copies, fences and arrives), with and without issuing one pair ahead: the alternative of
+    benchmarks/experiments/narrow_pipeline/."""
+    findings = check(kernel_roles(order, units))
+    assert not findings, report(findings)
+
+
+@pytest.mark.parametrize("order", [KERNEL_ORDER, GROUPED_ORDER, replace(LANDED_LOOKAHEAD, v_after_softmax=False)],
+                         ids=["wide", "grouped", "narrow without the early release"])
+def test_the_lookahead_deadlocks_where_a_pair_is_released_after_the_next_one_arrived(order):
+    """A consumer that releases pair p only after its Q.K^T on pair p + 1 waits for a handoff that a
+    producer one pair ahead makes only after refilling pair p's stage."""
+    findings = check(kernel_roles(replace(order, producer_lookahead=1), FIRST_EXACT))
+    assert [f.kind for f in findings] == ["deadlock"], report(findings)
 
 
 @pytest.mark.parametrize("units", NARROW_SCENARIOS.values(), ids=NARROW_SCENARIOS.keys())
@@ -353,6 +377,46 @@ MUTATIONS = [
           "consumer 0 statistics of the head (t < NH) reads head_max[0] (unit 0 epilogue)",
           "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 1 pair 0)")],
         id="narrow: no barrier between the epilogue's head maxima and the next unit's"),
+    pytest.param(
+        # take_v releasing a block before its V rows are in registers: the producer's lookahead refills
+        # the stage two pairs later.
+        NARROW_ORDER, FOUR_PAIRS,
+        lambda r: swap_with_next(r, "consumer 0", lambda e: e.op == "ldmatrix" and e.target == "kv[0][0]"
+                                 and e.label == "unit 0 pair 0"),
+        [("write-after-read", "kv[0][0]",
+          "consumer 0 ldmatrix_x4_trans reads kv[0][0] (unit 0 pair 0)",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 2)")],
+        id="narrow: a block released before its V loads"),
+    pytest.param(
+        # The lookahead's handoff waiting as if pair p + 1 were not committed yet: block 0 is handed
+        # over before it landed.
+        LANDED_LOOKAHEAD, FIRST_EXACT,
+        lambda r: mutate(r, ["producer"], lambda e: e.op == "cp.async.wait_group" and e.pending == 3,
+                         lambda e: [replace(e, pending=4)]),
+        [("read-after-write", "kv[0][0]",
+          "producer cp_async_16 writes kv[0][0] (unit 0 pair 0)",
+          "consumer 0 issue_qk_narrow reads kv[0][0] (unit 0 pair 0)")],
+        id="narrow, landed lookahead: a block handed over before it landed"),
+    pytest.param(
+        # The copies' arrival made before the copies: it tracks none of them.
+        NARROW_ORDER, FIRST_EXACT,
+        lambda r: swap_with_next(r, "producer", lambda e: e.op == "cp.async" and e.target == "kv[1][0]"
+                                 and e.label == "unit 0 pair 1"),
+        [("read-after-write", "kv[1][0]",
+          "producer cp_async_16 writes kv[1][0] (unit 0 pair 1)",
+          "consumer 0 issue_qk_narrow reads kv[1][0] (unit 0 pair 1)")],
+        id="narrow: a block's arrival before its copies"),
+    pytest.param(
+        NARROW_ORDER, FIRST_EXACT,
+        lambda r: mutate(r, CONSUMERS, lambda e: e.op == "fence.proxy.async" and e.label == "unit 0 pair 1"
+                         and e.name == "fence.proxy.async (before Q.K^T)"),
+        [("missing fence.proxy.async", "kv[1][0]",
+          "producer cp_async_16 writes kv[1][0] (unit 0 pair 1)",
+          "consumer 0 issue_qk_narrow reads kv[1][0] (unit 0 pair 1)"),
+         ("missing fence.proxy.async", "kv[1][1]",
+          "producer cp_async_16 writes kv[1][1] (unit 0 pair 1)",
+          "consumer 1 issue_qk_narrow reads kv[1][1] (unit 0 pair 1)")],
+        id="narrow: no fence after a block's wait"),
     pytest.param(
         KERNEL_ORDER, FIRST_EXACT, lambda r: mutate(r, ["consumer 1"], lambda e: e.target == "kv_empty[0][0]"),
         [("deadlock", "kv_empty[0][0]", "producer mbarrier_wait kv_empty[0][0] (unit 0 pair 2)", "phase 0")],

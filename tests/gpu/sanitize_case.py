@@ -13,6 +13,10 @@
   topk_length cycling through 0, 100 and 512 (units of 0, 1 and 4 pairs follow each other on one CTA:
   the q_empty wait, stage and P-buffer reuse across units, an item followed by a split part), hostile
   indices and sinks.
+- ``narrow``: the narrow tile alone (h_q 16, token groups off) with more work units than CTAs:
+  s_q = 3 * SMs - 1 tokens (no tail split), topk 512, topk_length 0 / 100 / 512 in turn (units of 0, 1 and 4 pairs
+  follow each other on every CTA: the producer's lookahead across units, the early release of each
+  pair), hostile indices, NaN rows behind invalid slots, sinks.
 - ``groups``: token groups (h_q 16, 4 tokens per group) with more groups than CTAs: half the groups
   share most of their slots, half do not, so in the automatic mode grouped and narrow units (each
   launch skipping the other's) follow each other on every CTA; then every group grouped. topk 512,
@@ -88,6 +92,19 @@ def units_cases(seed: int):
     yield f"units: s_q {s_q}, h_q 64, d_qk 576, topk {topk}, topk_length 0 / 100 / {topk} in turn", inputs
 
 
+def narrow_cases(seed: int):
+    topk = 512
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    s_q = 3 * sms - 1  # a last round of sms - 1 items: no tail split, which would take the wide tile
+    inputs = make_inputs(
+        s_q=s_q, s_kv=4096, h_q=16, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
+        attn_sink="special",
+    )
+    inputs["topk_length"] = lengths_in_turn(s_q, topk, sms)
+    os.environ["SPARSE_MLA_TOKEN_GROUPS"] = "never"  # read by the call that follows the yield
+    yield f"narrow: s_q {s_q}, h_q 16, d_qk 576, topk {topk}, topk_length 0 / 100 / {topk} in turn", inputs
+
+
 def groups_cases(seed: int):
     topk = 512
     for s_kv, h_q, modes in ((4096, 16, ("auto", "always")), (131072, 16, ("auto",)), (131072, 32, ("auto",))):
@@ -109,7 +126,8 @@ def groups_cases(seed: int):
 
 
 seed, case = int(sys.argv[1]), sys.argv[2]
-cases = {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases, "groups": groups_cases}
+cases = {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases, "narrow": narrow_cases,
+         "groups": groups_cases}
 for name, inputs in cases[case](seed):
     s_q, h_q, _ = inputs["q"].shape
     result = sparse_mla_q8kv8_prefill_fwd(**inputs, **poisoned_outputs(s_q, h_q, device="cuda"))

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        ClusterBarrier::init(&ss.kv_full[stage][b], KV_FULL_ARRIVALS);
+        ClusterBarrier::init(&ss.kv_full[stage][b], kv_full_arrivals<TILE>());
         ClusterBarrier::init(&ss.kv_empty[stage][b], KV_EMPTY_ARRIVALS);
       }
     }
@@ -74,6 +74,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     for (; scheduler.has_work(); scheduler.advance()) {
       const WorkUnit w = scheduler.current();
       produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+    }
+    if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
+      cp_async_commit();
+      cp_async_wait<0>();
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();

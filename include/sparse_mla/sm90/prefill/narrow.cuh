@@ -6,7 +6,8 @@
 //                              block's rows, B = Q's first NH rows
 //   P_w^T = 2^(S_w^T - reference[head]) -> e4m3 -> probs[pair % 2][w], stored as the wide tile
 //          stores P (rows = heads, slots in the P.V K order), so P.V reads it the same way
-//   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T    m64nNHk32 (RS)
+//   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T    m64nNHk32 (RS), V^T loaded into
+//          registers right after the pair's softmax, when the pair goes back to the producer
 // A thread's logits are 2 slots x 8 heads; its heads (8j + 2c + e) are also its O^T columns, so the
 // references, row sums and rescale factors of its heads live in its registers: alpha needs no shared
 // memory. The maxima and sums of a head are reduced over the 8 threads of a column (shuffles over g)
@@ -76,15 +77,23 @@ __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, i
   cute::warpgroup_commit_batch();
 }
 
-__device__ __forceinline__ void issue_pv_narrow(float (&o)[4][NH_REGS], const uint32_t (&a)[2][4][4], uint32_t probs) {
-  const uint32_t dp = desc_sw64_lo(probs);
+// O^T += V^T . P^T for the pair's blocks (8 wgmmas each, one commit group): both at once, so that
+// no instruction touches O between them (a fence on O while block 0's P.V runs would serialize
+// the wgmmas).
+template <int BLOCKS>
+__device__ __forceinline__ void issue_pv_narrow(float (&o)[4][NH_REGS], const uint32_t (&a)[2][2][4][4], uint32_t probs0,
+                                                uint32_t probs1) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) fence_operands(o[i]);
   cute::warpgroup_arrive();
 #pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
+  for (int b = 0; b < BLOCKS; ++b) {
+    const uint32_t dp = desc_sw64_lo(b == 0 ? probs0 : probs1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) wgmma_64x32x32_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+    for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wgmma_64x32x32_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+    }
   }
   cute::warpgroup_commit_batch();
 }
@@ -205,7 +214,17 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
   return named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(rescale);
 }
 
-// One work unit's pairs with the narrow tile: the wide tile's pair loop (consumer.cuh), step for step.
+// One work unit's pairs with the narrow tile: the wide tile's pair loop (consumer.cuh), but a pair's
+// V rows go into registers, and the pair back to the producer, as soon as its softmax is done:
+//   QK(p + 1); P.V(p, block 0); P.V(p, block 1)   (V(p) from registers); wait for QK(p + 1)
+//   softmax(p + 1)                                 (while both P.V run)
+//   A = V^T(both blocks of p + 1); release pair p + 1
+// The wide tile releases pair p only after it issued QK(p + 1), which waits for pair p + 1's rows,
+// so the producer can refill a stage only once the next pair landed: one pair in flight. Here a
+// pair's release waits for nothing the producer sends later, and the producer, whose copies arrive
+// on kv_full by themselves (copies_arrive, traits.cuh: so each consumer fences after its wait),
+// refills a stage as soon as it is released: two pairs in flight. It fits because the narrow O^T
+// is half the wide one: O^T 64 + both blocks' V^T 64 + S^T 16 registers.
 // A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit.
 template <int D_QK, int TOPK>
 __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
@@ -230,58 +249,70 @@ __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, flo
     return;
   }
   const uint32_t v_lane_offset = static_cast<uint32_t>(4 * wg * (B_TOPK * 64) + lane * 64 + ((warp ^ sw64_xor(lane)) << 4));
+  uint32_t a[2][2][4][4];  // V^T fragments of the pair whose P.V comes next, [block]
+  // The pair's V rows into registers, then the pair back to the producer. Its Q.K^T is complete (its
+  // softmax took the logits); the other block's rows were waited for by the other consumer: wait too,
+  // so that this thread's ldmatrix reads are ordered after the copies. Every thread arrives,
+  // releasing its own reads (ldmatrix, valid bits).
+  const int other_block = 1 - wg;  // a lambda may not capture a structured binding before C++20
+  const auto take_v = [&](const KvStage& stage) {
+    mbarrier_wait(&ss.kv_full[stage.index][other_block], stage.phase);
+    load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a[0]);
+    mbarrier_arrive(&ss.kv_empty[stage.index][0]);
+    if (!ONE_BLOCK) load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a[1]);
+    mbarrier_arrive(&ss.kv_empty[stage.index][1]);
+  };
 
   float s[NH_REGS];
   const KvStage first(pair_base);
   mbarrier_wait(&ss.kv_full[first.index][wg], first.phase);
+  cutlass::arch::fence_view_async_shared();  // the copies (and Q) landed: generic writes -> wgmma reads
   if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, first.index, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
   bool rescale = softmax_narrow(ss, s, ss.valid[first.index][wg], 0, scale_log2, st);
+  take_v(first);
 
-  for (int pair = 0; pair < n_pairs; ++pair) {
-    const KvStage stage(pair_base + pair);
-    const int buf = pair % 2;
-    const bool has_next = pair + 1 < n_pairs;
-    if (!has_next) mbarrier_arrive(&ss.q_empty);
-    if (rescale) {  // alpha of this thread's own heads: no shared memory
+  const auto rescale_o = [&] {  // alpha of this thread's own heads: no shared memory
 #pragma unroll
-      for (int j = 0; j < NH_J; ++j) {
+    for (int j = 0; j < NH_J; ++j) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          st.o[i][4 * j + 0] *= st.alpha[2 * j];
-          st.o[i][4 * j + 1] *= st.alpha[2 * j + 1];
-          st.o[i][4 * j + 2] *= st.alpha[2 * j];
-          st.o[i][4 * j + 3] *= st.alpha[2 * j + 1];
-        }
+      for (int i = 0; i < 4; ++i) {
+        st.o[i][4 * j + 0] *= st.alpha[2 * j];
+        st.o[i][4 * j + 1] *= st.alpha[2 * j + 1];
+        st.o[i][4 * j + 2] *= st.alpha[2 * j];
+        st.o[i][4 * j + 3] *= st.alpha[2 * j + 1];
       }
     }
-    if (has_next) {
-      mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
-      if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, stage.next().index, wg, s);
-    }
-    mbarrier_wait(&ss.kv_full[stage.index][1 - wg], stage.phase);
-    {
-      uint32_t a[2][4][4];
-      load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
-      mbarrier_arrive(&ss.kv_empty[stage.index][0]);
-      issue_pv_narrow(st.o, a, smem_addr(ss.probs[buf][0]));
-      cute::warpgroup_wait<0>();
-      fence_operands(s);
-    }
-    if constexpr (ONE_BLOCK) {
-      mbarrier_arrive(&ss.kv_empty[stage.index][1]);
-    } else {
-      uint32_t a[2][4][4];
-      load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
-      mbarrier_arrive(&ss.kv_empty[stage.index][1]);
-      issue_pv_narrow(st.o, a, smem_addr(ss.probs[buf][1]));
-    }
-    if (has_next) rescale = softmax_narrow(ss, s, ss.valid[stage.next().index][wg], buf ^ 1, scale_log2, st);
-    cute::warpgroup_wait<0>();
+  };
+  // Every pair but the last: its P.V beside the next pair's Q.K^T and softmax. The loop has no branch
+  // on whether a next pair exists: with one, ptxas serialized the wgmmas (it could not tell that the
+  // wait for Q.K^T alone follows an issued Q.K^T).
+  for (int pair = 0; pair + 1 < n_pairs; ++pair) {
+    const KvStage stage(pair_base + pair), next = stage.next();
+    const int buf = pair % 2;
+    if (rescale) rescale_o();
+    mbarrier_wait(&ss.kv_full[next.index][wg], next.phase);
+    cutlass::arch::fence_view_async_shared();  // as before the first Q.K^T
+    if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, next.index, wg, s);
+    issue_pv_narrow<ONE_BLOCK ? 1 : 2>(st.o, a, smem_addr(ss.probs[buf][0]), smem_addr(ss.probs[buf][1]));
+    // Q.K^T(p + 1) is the older group: retire it alone; the P.V run on under the softmax, whose
+    // wait before its barrier retires them (the P buffers' order, as in consumer.cuh).
+    cute::warpgroup_wait<1>();
+    fence_operands(s);
+    rescale = softmax_narrow(ss, s, ss.valid[next.index][wg], buf ^ 1, scale_log2, st);
+    take_v(next);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
   }
+  // The last pair: the unit's last Q.K^T completed before its softmax, so Q may be replaced.
+  mbarrier_arrive(&ss.q_empty);
+  if (rescale) rescale_o();
+  const int buf = (n_pairs - 1) % 2;
+  issue_pv_narrow<ONE_BLOCK ? 1 : 2>(st.o, a, smem_addr(ss.probs[buf][0]), smem_addr(ss.probs[buf][1]));
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
 }
 
 // The epilogue with the narrow tile (epilogue.cuh's store_outputs, per head column).

@@ -62,6 +62,12 @@ __device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
+// Arrives on an mbarrier once every cp.async this thread issued before has landed (the copies'
+// completion is the arrival: the thread does not wait). The barrier's count includes it (noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(const uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Closes this thread's group of cp.asyncs issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

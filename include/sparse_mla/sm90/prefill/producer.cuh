@@ -16,6 +16,8 @@
 // the pair. Waiting for each block before issuing the next cost 1-2% (5% at s_kv 128K): block 1's
 // refill then started only when block 0's copies had landed. Deferring block 1 to the next pair
 // would deadlock: consumer 1 issues Q.K^T on it before releasing the block that pair waits for.
+// With the narrow tile the copies' landing arrives instead (copies_arrive, traits.cuh): the producer
+// waits only for free stages, and each consumer fences after its wait (narrow.cuh).
 #pragma once
 
 #include <cstdint>
@@ -87,7 +89,9 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
     }
     cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none
-    if (n_pairs == 0) {
+    if constexpr (copies_arrive<TILE>()) {
+      cp_async_arrive_noinc(&ss.q_full);  // the consumers fence after their waits (traits.cuh)
+    } else if (n_pairs == 0) {
       cp_async_wait<0>();
       cutlass::arch::fence_view_async_shared();
       mbarrier_arrive(&ss.q_full);
@@ -140,7 +144,10 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
         if (copies_mask) cp_async_8(smem_addr(&ss.row_valid[stage.index][b][mask_row]), block_masks + (2 * pair + b) * group_size);
         cp_async_commit();
       } else {
-        cp_async_commit();
+        // Where the copies arrive by themselves they need no group (committed too, they made the
+        // producer spill 4 bytes in its kv_empty wait).
+        if constexpr (copies_arrive<TILE>()) cp_async_arrive_noinc(&ss.kv_full[stage.index][b]);
+        else cp_async_commit();
         // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
         // Released with lane 0's arrival below.
         const uint32_t low = __ballot_sync(0xffffffffu, __shfl_sync(0xffffffffu, valid[0], 4 * (lane & 7))) & 0xffu;
@@ -149,17 +156,20 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
           uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
           bytes[warp] = static_cast<uint8_t>(low);
           bytes[4 + warp] = static_cast<uint8_t>(high);
+          if constexpr (copies_arrive<TILE>()) mbarrier_arrive(&ss.kv_full[stage.index][b]);
         }
       }
     }
-    // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
-    cp_async_wait<1>();
-    cutlass::arch::fence_view_async_shared();
-    if (pair == 0) mbarrier_arrive(&ss.q_full);
-    mbarrier_arrive(&ss.kv_full[stage.index][0]);
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();
-    mbarrier_arrive(&ss.kv_full[stage.index][1]);
+    if constexpr (!copies_arrive<TILE>()) {
+      // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
+      cp_async_wait<1>();
+      cutlass::arch::fence_view_async_shared();
+      if (pair == 0) mbarrier_arrive(&ss.q_full);
+      mbarrier_arrive(&ss.kv_full[stage.index][0]);
+      cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      mbarrier_arrive(&ss.kv_full[stage.index][1]);
+    }
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
 #pragma unroll

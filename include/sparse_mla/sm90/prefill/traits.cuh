@@ -115,7 +115,7 @@ struct SharedStorage {
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done
                                          // (Q_EMPTY_ARRIVALS)
   uint64_t kv_full[NUM_STAGES][2];       // a block's rows landed and its valid bits are written
-                                         // (KV_FULL_ARRIVALS)
+                                         // (kv_full_arrivals)
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
   // Token groups' members last, so that the other members keep their offsets in every tile's code.
@@ -125,9 +125,21 @@ struct SharedStorage {
                                            // token's: they are zero in Q and never stored)
 };
 
-// Arrivals that complete q_full and kv_full: one per producer thread, once its copies landed and were
-// fenced for the async proxy (lane 0 of each warp after it also wrote its valid bits).
-constexpr int KV_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
+// How the producer hands a block over (producer.cuh). The wide and grouped tiles: each producer thread
+// waits for its copies to land, fences them for the async proxy and arrives. The narrow tile: the
+// copies' landing arrives by itself (cp.async.mbarrier.arrive.noinc), lane 0 of each warp arrives
+// once more after writing the valid bits, and each consumer fences after its wait; so the producer
+// never waits for a copy, and with the narrow consumers' early release (narrow.cuh) two pairs' copies
+// are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
+// cost 1.4-2% (benchmarks/notes/2026-12-01.md, Experiment 35), and they release a pair only after the
+// next one arrived, so one pair is in flight either way.
+template <Tile TILE>
+constexpr bool copies_arrive() { return TILE == Tile::kNarrow; }
+// Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
+// fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
+// each producer warp after its valid bits (otherwise its one arrival comes after them).
+template <Tile TILE>
+constexpr int kv_full_arrivals() { return NUM_PRODUCER_THREADS + (copies_arrive<TILE>() ? NUM_PRODUCER_THREADS / 32 : 0); }
 constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 // Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
 // reads are released to the producer (an arrival by one lane would release only that lane's).
