@@ -22,7 +22,8 @@
   launch skipping the other's) follow each other on every CTA; then every group grouped. topk 512,
   topk_length 0 / 100 / 512 in turn, hostile indices, duplicates in every fourth group (which falls
   back), NaN rows behind invalid slots, sinks. At s_kv 4K the pre-pass's owner map holds a byte per
-  kv row; the same at s_kv 128K with groups of 4 (h_q 16) and 2 (h_q 32) packs it to 4 and 2 bits.
+  kv row; the same at s_kv 128K with groups of 4 (h_q 16) and 2 (h_q 32) packs it to 4 and 2 bits,
+  and groups of 8 (h_q 8) keep a byte per row in CTAs of 1024 threads.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -107,7 +108,8 @@ def narrow_cases(seed: int):
 
 def groups_cases(seed: int):
     topk = 512
-    for s_kv, h_q, modes in ((4096, 16, ("auto", "always")), (131072, 16, ("auto",)), (131072, 32, ("auto",))):
+    for s_kv, h_q, modes in ((4096, 16, ("auto", "always")), (131072, 16, ("auto",)), (131072, 32, ("auto",)),
+                             (131072, 8, ("auto",))):
         group = group_size(h_q, topk)
         s_q = group * (2 * torch.cuda.get_device_properties(0).multi_processor_count + 1) + 3
         inputs = make_inputs(

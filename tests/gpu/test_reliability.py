@@ -32,7 +32,8 @@ SANITIZER_KERNEL_FILTER = "prefill_kernel"
 def _kernel_names() -> list[str]:
     from sparse_mla.jit.env import header_files
 
-    pattern = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
+    # __launch_bounds__'s arguments may hold one level of parentheses (a template argument list's comma).
+    pattern = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(?:void\s+)?(\w+)\s*\(")
     return [name for path in header_files() for name in pattern.findall(path.read_text())]
 
 
@@ -50,8 +51,8 @@ def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6; ``units``: more work
     units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA; ``narrow``: the same
     with the narrow tile at h_q 16, no split; ``groups``: token
-    groups, more than CTAs, grouped and narrow units in turn, the owner map at 8, 4 and 2 bits a row
-    (sanitize_case.py)."""
+    groups, more than CTAs, grouped and narrow units in turn, the owner map at 8, 4 and 2 bits a row,
+    the pre-pass in CTAs of 512 and 1024 threads (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")

@@ -122,18 +122,20 @@ def assert_unit_lists_partition_the_call(length: torch.Tensor, units: torch.Tens
 
 
 @pytest.mark.parametrize(
-    "s_q, h_q, topk, kind",
+    "s_q, h_q, topk, kind, s_kv",
     [
-        (37, 16, 64, "duplicates"),  # G 4, a tail group of 1
-        (29, 8, 100, "hostile"),     # G 8, ragged topk, INT32_MIN / -1 / s_kv / INT32_MAX
-        (30, 24, 512, "lengths"),    # G 2, topk_length differing inside groups, 0 included
-        (21, 12, 7, "duplicates"),   # G 5
-        (64, 16, 2048, "realistic"),
-        (40, 1, 2048, "overlap"),    # G 8: 8 * 2048 slots, the largest table
+        (37, 16, 64, "duplicates", 4096),  # G 4, a tail group of 1
+        (29, 8, 100, "hostile", 4096),     # G 8, ragged topk, INT32_MIN / -1 / s_kv / INT32_MAX
+        (30, 24, 512, "lengths", 4096),    # G 2, topk_length differing inside groups, 0 included
+        (21, 12, 7, "duplicates", 4096),   # G 5
+        (64, 16, 2048, "realistic", 4096),
+        (40, 1, 2048, "overlap", 4096),    # G 8: 8 * 2048 slots, the largest table
+        (40, 8, 2048, "overlap", 131072),  # G 8, a byte map of 128 KB: the pre-pass's CTAs of 1024 threads
+        (29, 8, 100, "hostile", 131072),   # the same, ragged topk, hostile indices
+        (22, 16, 4096, "overlap", 131072),  # G 4 past topk 2048 (a byte map always): the same CTAs
     ],
 )
-def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind):
-    s_kv = 4096
+def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind, s_kv):
     inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed,
                          invalid="hostile" if kind == "hostile" else "none",
                          topk_length="random" if kind == "lengths" else None)
@@ -146,7 +148,7 @@ def test_the_lists_are_the_rule_computed_on_the_host(seed, s_q, h_q, topk, kind)
         inputs = with_duplicated_groups(inputs, group, seed=seed)
     if kind == "lengths":
         inputs["topk_length"][::5] = 0
-    assert_lists_follow_the_rule(inputs, group, describe(seed, s_q=s_q, h_q=h_q, topk=topk, kind=kind, group=group))
+    assert_lists_follow_the_rule(inputs, group, describe(seed, s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, kind=kind, group=group))
 
 
 @pytest.mark.parametrize("h_q, s_kv", [(8, 250_000), (16, 500_000), (32, 900_000)])

@@ -33,7 +33,11 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// Threads of a group's CTA: 512, three CTAs to an SM; 1024 where the owner map leaves an SM one CTA
+// (a byte per row past ~100K kv rows: groups of 8 at s_kv 128K), so that the SM still has 32 warps
+// to hide the rounds' latencies (group_threads).
 constexpr int GROUP_THREADS = 512;
+constexpr int WIDE_GROUP_THREADS = 1024;
 constexpr int MAX_GROUP_SLOTS = 16384;  // G * TOPK at most: an entry's owner byte each
 // Bytes of the owner map at most. A kv row's owner bits take MAP_BITS = 8, 4 or 2 bits (group_map_bits).
 // With more kv rows than the map holds (map_capacity), it covers them in chunks of that many, the
@@ -57,20 +61,21 @@ __host__ __device__ constexpr int group_map_bytes(int map_rows, int bits) { retu
 __host__ __device__ constexpr int max_group_size(int topk) {
   return MAX_GROUP_SLOTS / topk < MAX_GROUP ? MAX_GROUP_SLOTS / topk : MAX_GROUP;
 }
-// Shared memory of a group's CTA: the map, each entry's owner byte, the (token, warp)s' counts and
-// their scan, the warps' counts of common entries, the tokens' lengths.
-__host__ __device__ constexpr int group_shared_bytes(int slots, int map_bytes) {
-  return map_bytes + (slots + 15) / 16 * 16 + ((2 * MAX_GROUP + 1) * (GROUP_THREADS / 32) + 1) * 4 + MAX_GROUP * 4;
+// Shared memory of a group's CTA of `threads`: the map, each entry's owner byte, the (token, warp)s'
+// counts and their scan, the warps' counts of common entries, the tokens' lengths.
+__host__ __device__ constexpr int group_shared_bytes(int slots, int map_bytes, int threads = GROUP_THREADS) {
+  return map_bytes + (slots + 15) / 16 * 16 + ((2 * MAX_GROUP + 1) * (threads / 32) + 1) * 4 + MAX_GROUP * 4;
 }
-static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_BYTES) <= SHARED_MEMORY_PER_BLOCK, "the largest map fits");
+static_assert(group_shared_bytes(MAX_GROUP_SLOTS, MAX_MAP_BYTES, WIDE_GROUP_THREADS) <= SHARED_MEMORY_PER_BLOCK,
+              "the largest map fits");
 
-// A pre-pass warp's rows of 32 slots per token.
-template <int TOPK>
-constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + GROUP_THREADS / 32 - 1) / (GROUP_THREADS / 32);
-// The pre-pass's CTAs per SM: three; two where a thread holds more than 4 rows' slots (topk > 2048),
-// which at 40 registers would spill.
-template <int TOPK>
-constexpr int GROUP_CTAS_PER_SM = GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2;
+// A pre-pass warp's rows of 32 slots per token, in a CTA of THREADS.
+template <int TOPK, int THREADS = GROUP_THREADS>
+constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + THREADS / 32 - 1) / (THREADS / 32);
+// The pre-pass's CTAs per SM at most: of 512 threads three, two where a thread holds more than 4
+// rows' slots (topk > 2048), which at 40 registers would spill; of 1024 threads one.
+template <int TOPK, int THREADS = GROUP_THREADS>
+constexpr int GROUP_CTAS_PER_SM = THREADS == WIDE_GROUP_THREADS ? 1 : GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2;
 constexpr int SHARED_MEMORY_PER_SM = 233472;  // SM90: 228 KB, of which 1 KB per CTA is the system's
 // Bits of a kv row's owner field: a byte where the map at a byte per row leaves the SM its three
 // CTAs; where it does not (s_kv past ~68K at topk 2048), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
@@ -83,6 +88,14 @@ __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
   const int byte_map = group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, 8), 8));
   if (GROUP_CTAS_PER_SM<TOPK> < 3 || (byte_map + 1024) * 3 <= SHARED_MEMORY_PER_SM) return 8;
   return group_size <= 2 ? 2 : group_size <= 4 ? 4 : 8;
+}
+
+// Threads of the pre-pass's CTAs: WIDE_GROUP_THREADS where the byte map leaves an SM one CTA of 512
+// (benchmarks/notes/2026-12-01.md, Experiment 59); a packed map (bits 2, 4) leaves it three.
+template <int TOPK>
+__host__ __device__ constexpr int group_threads(int group_size, int s_kv, int bits) {
+  const int bytes = group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, bits), bits));
+  return bits == 8 && (bytes + 1024) * 2 > SHARED_MEMORY_PER_SM ? WIDE_GROUP_THREADS : GROUP_THREADS;
 }
 
 // The call's groups: one CTA each.
@@ -118,12 +131,12 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
 // for the list. The pass is bound by the issue of its instructions; a group that falls back writes
 // no list (but for the chunks before the one where it is known, past map_capacity kv rows).
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
-template <int TOPK, int MAP_BITS>
-__global__ void __launch_bounds__(GROUP_THREADS, GROUP_CTAS_PER_SM<TOPK>)
+template <int TOPK, int MAP_BITS, int THREADS>
+__global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
-  constexpr int WARPS = GROUP_THREADS / 32;
+  constexpr int WARPS = THREADS / 32;
   constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
-  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
+  constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK, THREADS>;
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
@@ -171,7 +184,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, GROUP_CTAS_PER_SM<TOPK>)
   int32_t index[WARP_ROWS];
   load_token(index, 0);
   for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv) && pays; chunk += map_rows) {
-    for (uint32_t v = threadIdx.x; v < map_bytes / 16; v += GROUP_THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
+    for (uint32_t v = threadIdx.x; v < map_bytes / 16; v += THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
     __syncthreads();
     NewBits made = 0;
     for (int t = 0; t < tokens; ++t) {
@@ -313,15 +326,18 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
     return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
   } else {
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
-    const int smem_bytes = group_shared_bytes(p.group_size * TOPK, group_map_bytes(group_map_rows(p.s_kv, bits), bits));
-    auto kernel = prefill_kernel_token_groups<TOPK, 8>;
+    const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits);
+    const int smem_bytes =
+        group_shared_bytes(p.group_size * TOPK, group_map_bytes(group_map_rows(p.s_kv, bits), bits), threads);
+    auto kernel = prefill_kernel_token_groups<TOPK, 8, GROUP_THREADS>;
+    if (threads == WIDE_GROUP_THREADS) kernel = prefill_kernel_token_groups<TOPK, 8, WIDE_GROUP_THREADS>;
     if constexpr (GROUP_CTAS_PER_SM<TOPK> == 3) {
-      if (bits == 2) kernel = prefill_kernel_token_groups<TOPK, 2>;
-      if (bits == 4) kernel = prefill_kernel_token_groups<TOPK, 4>;
+      if (bits == 2) kernel = prefill_kernel_token_groups<TOPK, 2, GROUP_THREADS>;
+      if (bits == 4) kernel = prefill_kernel_token_groups<TOPK, 4, GROUP_THREADS>;
     }
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
-    kernel<<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
+    kernel<<<num_groups(p), threads, smem_bytes, stream>>>(p);
     return cudaGetLastError();
   }
 }
