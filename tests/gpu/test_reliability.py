@@ -22,19 +22,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparse_mla.jit.env import header_kernels
 from sparse_mla.testing import FP8_E4M3_MAX, make_inputs
 
 # compute-sanitizer checks only the kernels whose name contains this (torch's own kernels are left
 # alone); test_sanitizer_coverage.py (cpu tier) checks that it names every kernel in the headers.
 SANITIZER_KERNEL_FILTER = "prefill_kernel"
-
-
-def _kernel_names() -> list[str]:
-    from sparse_mla.jit.env import header_files
-
-    # __launch_bounds__'s arguments may hold one level of parentheses (a template argument list's comma).
-    pattern = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(?:void\s+)?(\w+)\s*\(")
-    return [name for path in header_files() for name in pattern.findall(path.read_text())]
 
 
 def _compute_sanitizer() -> str | None:
@@ -56,7 +49,7 @@ def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
-    kernels = _kernel_names()
+    kernels = header_kernels()
     assert kernels and all(SANITIZER_KERNEL_FILTER in name for name in kernels), (
         f"the sanitizer would skip kernels: filter {SANITIZER_KERNEL_FILTER!r}, kernels {kernels}"
     )

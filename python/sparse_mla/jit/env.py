@@ -131,6 +131,18 @@ def header_files() -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".cuh", ".h", ".hpp"))
 
 
+# A __global__ function's name, after an optional __launch_bounds__(...) whose arguments may hold one
+# level of parentheses (a template argument list with a comma).
+_GLOBAL_FUNCTION = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?"
+                              r"(?:void\s+)?(\w+)\s*\(")
+
+
+def header_kernels() -> list[str]:
+    """The names of the kernels (__global__ functions) the headers define: what the sanitizer tests'
+    kernel-name filter must cover."""
+    return [name for path in header_files() for name in _GLOBAL_FUNCTION.findall(path.read_text())]
+
+
 @dataclasses.dataclass(frozen=True)
 class Cutlass:
     version: str
