@@ -378,7 +378,7 @@ MUTATIONS = [
           "consumer 0 the pair's head maxima per warp (g == 0) writes head_max[0] (unit 1 pair 0)")],
         id="narrow: no barrier between the epilogue's head maxima and the next unit's"),
     pytest.param(
-        # take_v releasing a block before its V rows are in registers: the producer's lookahead refills
+        # take_v releasing a block before its V rows are in registers: the producer refills
         # the stage two pairs later.
         NARROW_ORDER, FOUR_PAIRS,
         lambda r: swap_with_next(r, "consumer 0", lambda e: e.op == "ldmatrix" and e.target == "kv[0][0]"

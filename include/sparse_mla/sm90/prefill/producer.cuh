@@ -88,8 +88,8 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
       for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
     }
-    cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none
-    if constexpr (copies_arrive<TILE>()) {
+    cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none;
+    if constexpr (copies_arrive<TILE>()) {  // or the copies' landing arrives
       cp_async_arrive_noinc(&ss.q_full);  // the consumers fence after their waits (traits.cuh)
     } else if (n_pairs == 0) {
       cp_async_wait<0>();
