@@ -77,6 +77,13 @@ constexpr int GROUP_WARP_ROWS = ((TOPK + 31) / 32 + THREADS / 32 - 1) / (THREADS
 template <int TOPK, int THREADS = GROUP_THREADS>
 constexpr int GROUP_CTAS_PER_SM = THREADS == WIDE_GROUP_THREADS ? 1 : GROUP_WARP_ROWS<TOPK> <= 4 ? 3 : 2;
 constexpr int SHARED_MEMORY_PER_SM = 233472;  // SM90: 228 KB, of which 1 KB per CTA is the system's
+// CTAs of `bytes` of shared memory each that fit an SM.
+__host__ __device__ constexpr int ctas_per_sm(int bytes) { return SHARED_MEMORY_PER_SM / (bytes + 1024); }
+// Shared memory of the pre-pass's CTA of `threads` for a group of `group_size` tokens, its map at `bits`.
+template <int TOPK>
+__host__ __device__ constexpr int group_cta_bytes(int group_size, int s_kv, int bits, int threads = GROUP_THREADS) {
+  return group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, bits), bits), threads);
+}
 // Bits of a kv row's owner field: a byte where the map at a byte per row leaves the SM its three
 // CTAs; where it does not (s_kv past ~68K at topk 2048), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
 // s_kv 128K three CTAs share an SM instead of one (Experiment 56 of benchmarks/notes/2026-12-01.md:
@@ -85,8 +92,7 @@ constexpr int SHARED_MEMORY_PER_SM = 233472;  // SM90: 228 KB, of which 1 KB per
 // would spill.
 template <int TOPK>
 __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
-  const int byte_map = group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, 8), 8));
-  if (GROUP_CTAS_PER_SM<TOPK> < 3 || (byte_map + 1024) * 3 <= SHARED_MEMORY_PER_SM) return 8;
+  if (GROUP_CTAS_PER_SM<TOPK> < 3 || ctas_per_sm(group_cta_bytes<TOPK>(group_size, s_kv, 8)) >= 3) return 8;
   return group_size <= 2 ? 2 : group_size <= 4 ? 4 : 8;
 }
 
@@ -94,8 +100,7 @@ __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
 // (benchmarks/notes/2026-12-01.md, Experiment 59); a packed map (bits 2, 4) leaves it three.
 template <int TOPK>
 __host__ __device__ constexpr int group_threads(int group_size, int s_kv, int bits) {
-  const int bytes = group_shared_bytes(group_size * TOPK, group_map_bytes(group_map_rows(s_kv, bits), bits));
-  return bits == 8 && (bytes + 1024) * 2 > SHARED_MEMORY_PER_SM ? WIDE_GROUP_THREADS : GROUP_THREADS;
+  return bits == 8 && ctas_per_sm(group_cta_bytes<TOPK>(group_size, s_kv, bits)) < 2 ? WIDE_GROUP_THREADS : GROUP_THREADS;
 }
 
 // The call's groups: one CTA each.
@@ -327,8 +332,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
   } else {
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
     const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits);
-    const int smem_bytes =
-        group_shared_bytes(p.group_size * TOPK, group_map_bytes(group_map_rows(p.s_kv, bits), bits), threads);
+    const int smem_bytes = group_cta_bytes<TOPK>(p.group_size, p.s_kv, bits, threads);
     auto kernel = prefill_kernel_token_groups<TOPK, 8, GROUP_THREADS>;
     if (threads == WIDE_GROUP_THREADS) kernel = prefill_kernel_token_groups<TOPK, 8, WIDE_GROUP_THREADS>;
     if constexpr (GROUP_CTAS_PER_SM<TOPK> == 3) {
