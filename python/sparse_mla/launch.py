@@ -97,12 +97,21 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # token's slot (2 to 8 tokens per group), a narrow slot 0.88, so a union pays below ~0.72-0.80 entries
 # per slot. Where the kv rows outgrow L2 (s_kv 128K) a group reads its rows from DRAM: there unions
 # of 0.65-0.75 ran 1.3% slower grouped than narrow, while falling back left the pre-pass (5%) unpaid
-# for, so one threshold holds for both.
+# for, so one threshold holds for both. Up to 16 heads the narrow tile has 16 heads, and a slot costs
+# 0.83 of the 32-head tile's (Experiment 60): on uniform selections at 8K-16K kv rows, with groups of
+# 4 and 8, grouped and token by token break even at 0.645-0.65 entries per slot.
 NARROW_HEADS = 32
+NARROW_16_HEADS = 16
 _B_TOPK = 64
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
 MAX_UNION_RATIO = 0.75
+MAX_UNION_RATIO_16 = 0.65
+
+
+def max_union_ratio(h_q: int) -> float:
+    """Union entries per valid slot up to which a group of tokens with ``h_q`` heads runs grouped."""
+    return MAX_UNION_RATIO_16 if h_q <= NARROW_16_HEADS else MAX_UNION_RATIO
 
 
 def group_size(h_q: int, topk: int) -> int:
@@ -205,7 +214,7 @@ def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, t
     safe)."""
     s_q, h_q, _ = q.shape
     lists = token_group_lists(q.device, s_q, group, indices.shape[2])
-    ratio = float("inf") if every_group else MAX_UNION_RATIO
+    ratio = float("inf") if every_group else max_union_ratio(h_q)
     getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio, *lists)
     for grouped in (True, False):
         getattr(module, ENTRY_FUNCTION)(

@@ -15,7 +15,7 @@ import torch
 
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists
+from sparse_mla.launch import group_size, max_union_ratio, token_group_lists
 from sparse_mla.testing import (PRESETS, make_inputs, realistic_indices, with_duplicated_groups,
                                 with_shared_neighbours)
 
@@ -91,7 +91,7 @@ def mask_owners(masks: torch.Tensor, group: int, entries: int) -> list[int]:
 def assert_lists_follow_the_rule(inputs: dict, group: int, context: str) -> None:
     """The pre-pass's lists, at the package's threshold and at an infinite one, against host_lists."""
     s_kv = inputs["kv"].shape[0]
-    for ratio in (MAX_UNION_RATIO, float("inf")):
+    for ratio in (max_union_ratio(inputs["q"].shape[1]), float("inf")):
         got_indices, got_masks, got_length, got_units = device_lists(inputs, group, ratio)
         assert_unit_lists_partition_the_call(got_length, got_units, inputs["q"].shape[0], group,
                                              f"{context}, ratio {ratio}")
@@ -179,10 +179,11 @@ GROUPED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("mode", ["always", "auto", "never"])
 @pytest.mark.parametrize("s_q, s_kv, h_q, d_qk, topk, options", GROUPED_CASES)
 def test_grouped_results_match_the_reference(check_prefill, seed, monkeypatch, mode, s_q, s_kv, h_q, d_qk, topk,
                                              options):
+    """``never``: the same inputs through the narrow tiles alone (16 heads up to h_q 16, 32 above)."""
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
     duplicates = options.get("duplicates", False)
     inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, seed=seed,
@@ -208,7 +209,7 @@ def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill,
     inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed)
     inputs["indices"] = realistic_indices(s_q, s_kv, topk, seed=seed, **PRESETS[pattern])
     group = group_size(h_q, topk)
-    _, _, length, _ = device_lists(inputs, group, MAX_UNION_RATIO)
+    _, _, length, _ = device_lists(inputs, group, max_union_ratio(h_q))
     context = describe(seed, pattern=pattern, h_q=h_q, group=group)
     assert (length >= 0).float().mean().item() > 0.9, f"{context}: most groups should pay ({length.tolist()})"
     check_prefill(inputs, context)
@@ -216,11 +217,11 @@ def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill,
 
 def test_uniform_selections_fall_back_to_the_narrow_tile(seed):
     inputs = make_inputs(s_q=64, s_kv=131072, h_q=16, topk=2048, seed=seed)
-    _, _, length, _ = device_lists(inputs, group_size(16, 2048), MAX_UNION_RATIO)
+    _, _, length, _ = device_lists(inputs, group_size(16, 2048), max_union_ratio(16))
     assert (length == -1).all(), f"seed {seed}: uniform selections over 128K rows share nothing: {length.tolist()}"
 
 
-@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("mode", ["always", "auto", "never"])
 def test_repeated_launches_are_bitwise_identical(prefill_fwd, seed, monkeypatch, mode):
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
     inputs = make_inputs(s_q=517, s_kv=8192, h_q=16, topk=2048, seed=seed, topk_length="random", attn_sink="random")

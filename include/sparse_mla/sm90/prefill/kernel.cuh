@@ -36,8 +36,8 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
 }
 
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
-// TILE (traits.cuh): the wide tile; the narrow one for h_q <= NARROW_HEADS, launched without a tail
-// split; the grouped one over token groups (token_groups.cuh), also without.
+// TILE (traits.cuh): the wide tile; the narrow ones for h_q <= NARROW_HEADS (and <= 16), launched
+// without a tail split; the grouped one over token groups (token_groups.cuh), also without.
 template <int D_QK, int TOPK, Tile TILE>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
     WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    if constexpr (TILE == Tile::kNarrow) {  // whole items only: the launch runs a split call with the wide tile
+    if constexpr (narrow_heads<TILE>() > 0) {  // whole items only: the launch runs a split call with the wide tile
       for (; scheduler.has_work(); scheduler.advance()) {
         const WorkUnit w = scheduler.current();
-        NarrowState st;
+        NarrowState<narrow_heads<TILE>()> st;
         run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
         store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
       }

@@ -24,9 +24,12 @@ cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream
   constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
   // The narrow-head and grouped tiles have no tail split: a split call runs the wide one.
   const bool narrow = params.h_q <= prefill::NARROW_HEADS && params.split_parts == 1;
-  auto kernel = grouped  ? prefill::prefill_kernel<D_QK, TOPK, Tile::kGrouped>
-                : narrow ? prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow>
-                         : prefill::prefill_kernel<D_QK, TOPK, Tile::kWide>;
+  auto kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kWide>;
+  if (grouped) kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kGrouped>;
+  else if (narrow && params.h_q <= prefill::NARROW_16_HEADS)
+    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow16>;
+  else if (narrow)
+    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.

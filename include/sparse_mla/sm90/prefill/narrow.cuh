@@ -8,7 +8,7 @@
 //          stores P (rows = heads, slots in the P.V K order), so P.V reads it the same way
 //   O_w^T = O_w^T * alpha + V^T[256w .. 256w + 256) . [P_0 P_1]^T    m64nNHk32 (RS), V^T loaded into
 //          registers right after the pair's softmax, when the pair goes back to the producer
-// A thread's logits are 2 slots x 8 heads; its heads (8j + 2c + e) are also its O^T columns, so the
+// A thread's logits are 2 slots x NH / 4 heads; its heads (8j + 2c + e) are also its O^T columns, so the
 // references, row sums and rescale factors of its heads live in its registers: alpha needs no shared
 // memory. The maxima and sums of a head are reduced over the 8 threads of a column (shuffles over g)
 // and, where needed, over the 4 warps and both consumers through shared memory.
@@ -35,44 +35,53 @@
 
 namespace sparse_mla::sm90::prefill {
 
-constexpr int NH = NARROW_HEADS;  // heads of the narrow tile: the N of Q.K^T and of P.V
-constexpr int NH_J = NH / 8;      // 8-column groups of a thread's accumulator row
-constexpr int NH_REGS = NH / 2;   // accumulator registers per thread per m64nNH tile
-static_assert(NH == 32, "the wgmma atoms below are m64n32k32");
-
+// NH, the tile's heads (the N of Q.K^T and of P.V): 32 (Tile::kNarrow), or 16 (Tile::kNarrow16) for
+// h_q <= 16, which halves the tensor work and the exponentials again; a thread's accumulator rows
+// hold NH / 8 column groups j, NH / 2 registers per m64nNH tile.
+template <int NH>
 struct NarrowState {
-  float o[4][NH_REGS];         // O^T, see the fragment notes
-  float reference[2 * NH_J];   // per head 8j + 2c + e of this thread, at 2j + e (log2 units)
-  float row_max[2 * NH_J];     // running max of this thread's logits of the head
-  float row_sum[2 * NH_J];     // this thread's share of sum(P) relative to `reference`
-  float alpha[2 * NH_J];       // the pair's rescale factor of O per head
+  static constexpr int J = NH / 8, REGS = NH / 2;
+  float o[4][REGS];         // O^T, see the fragment notes
+  float reference[2 * J];   // per head 8j + 2c + e of this thread, at 2j + e (log2 units)
+  float row_max[2 * J];     // running max of this thread's logits of the head
+  float row_sum[2 * J];     // this thread's share of sum(P) relative to `reference`
+  float alpha[2 * J];       // the pair's rescale factor of O per head
 };
 
-__device__ __forceinline__ void wgmma_64x32x32_ss(float (&d)[NH_REGS], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>::fma(
       desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14],
       d[15], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
+__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>::fma(
+      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
 
-__device__ __forceinline__ void wgmma_64x32x32_rs(float (&d)[NH_REGS], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
   cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
                                                           d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13],
                                                           d[14], d[15]);
 }
+__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
+                                                          d[5], d[6], d[7]);
+}
 
 // S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.
-template <int D_QK>
-__device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[NH_REGS]) {
+template <int D_QK, int REGS>
+__device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[REGS]) {
   constexpr int STEPS = D_QK / 32;
   const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
   const uint32_t dk = desc_sw64_lo(smem_addr(ss.kv[stage][wg]));
 #pragma unroll
-  for (int j = 0; j < NH_REGS; ++j) s[j] = 0.f;
+  for (int j = 0; j < REGS; ++j) s[j] = 0.f;
   cute::warpgroup_arrive();
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
     const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_64x32x32_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
+    wgmma_narrow_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -80,8 +89,8 @@ __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, i
 // O^T += V^T . P^T for the pair's blocks (8 wgmmas each, one commit group): both at once, so that
 // no instruction touches O between them (a fence on O while block 0's P.V runs would serialize
 // the wgmmas).
-template <int BLOCKS>
-__device__ __forceinline__ void issue_pv_narrow(float (&o)[4][NH_REGS], const uint32_t (&a)[2][2][4][4], uint32_t probs0,
+template <int BLOCKS, int REGS>
+__device__ __forceinline__ void issue_pv_narrow(float (&o)[4][REGS], const uint32_t (&a)[2][2][4][4], uint32_t probs0,
                                                 uint32_t probs1) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) fence_operands(o[i]);
@@ -92,7 +101,7 @@ __device__ __forceinline__ void issue_pv_narrow(float (&o)[4][NH_REGS], const ui
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_64x32x32_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+      for (int i = 0; i < 4; ++i) wgmma_narrow_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
     }
   }
   cute::warpgroup_commit_batch();
@@ -113,8 +122,8 @@ __device__ __forceinline__ float column_sum(float x) {
 // P^T of this thread's 2 slots x 8 heads against `reference`, into the P tile (see the fragment
 // notes); returns per head the sum of the unrounded P and the max of the (rounded) logits.
 // `fused` is warp-uniform (the P exchange below is a shuffle).
-template <bool FUSED>
-__device__ __forceinline__ void write_probs_narrow(const float (&s)[NH_REGS], uint32_t valid2, float scale_log2,
+template <bool FUSED, int NH_J>
+__device__ __forceinline__ void write_probs_narrow(const float (&s)[4 * NH_J], uint32_t valid2, float scale_log2,
                                                    const float (&reference)[2 * NH_J], uint32_t probs_row0,
                                                    float (&psum)[2 * NH_J], float (&mloc)[2 * NH_J]) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -149,9 +158,10 @@ __device__ __forceinline__ void write_probs_narrow(const float (&s)[NH_REGS], ui
 }
 
 // Online softmax of one pair, transposed (consumer.cuh's softmax_to_probs, per head column).
-template <int D_QK>
-__device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const float (&s)[NH_REGS], uint64_t valid_bits,
-                                               int buf, float scale_log2, NarrowState& st) {
+template <int D_QK, int NH>
+__device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const float (&s)[NH / 2], uint64_t valid_bits,
+                                               int buf, float scale_log2, NarrowState<NH>& st) {
+  constexpr int NH_J = NarrowState<NH>::J;
   const auto [wg, warp, lane, g, c] = consumer_thread_of_index();  // no shuffles: consumer.cuh's softmax_to_probs
   const uint32_t valid2 = static_cast<uint32_t>((valid_bits >> (16 * warp + g)) & 1u) |
                           (static_cast<uint32_t>((valid_bits >> (16 * warp + g + 8)) & 1u) << 1);
@@ -164,8 +174,8 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
   fused = __all_sync(0xffffffffu, fused);
 
   float mloc[2 * NH_J], psum[2 * NH_J];
-  if (fused) write_probs_narrow<true>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
-  else write_probs_narrow<false>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
   cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   cute::warpgroup_wait<0>();  // this consumer's P.V of the previous pair's block 1: consumer.cuh
   bool moved = false;
@@ -206,8 +216,8 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
   for (int hh = 0; hh < 2 * NH_J; ++hh) fused = fused && fabsf(st.reference[hh]) <= 0x1p22f;
   fused = __all_sync(0xffffffffu, fused);
   float unused[2 * NH_J];
-  if (fused) write_probs_narrow<true>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
-  else write_probs_narrow<false>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+  if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+  else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
 #pragma unroll
   for (int hh = 0; hh < 2 * NH_J; ++hh) st.row_sum[hh] = st.row_sum[hh] * st.alpha[hh] + psum[hh];
   cutlass::arch::fence_view_async_shared();
@@ -224,11 +234,12 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
 // pair's release waits for nothing the producer sends later, and the producer, whose copies arrive
 // on kv_full by themselves (copies_arrive, traits.cuh: so each consumer fences after its wait),
 // refills a stage as soon as it is released: two pairs in flight. It fits because the narrow O^T
-// is half the wide one: O^T 64 + both blocks' V^T 64 + S^T 16 registers.
+// is half the wide one: O^T 64 + both blocks' V^T 64 + S^T 16 registers (NH 16: 32 + 64 + 8).
 // A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit.
-template <int D_QK, int TOPK>
+template <int D_QK, int TOPK, int NH>
 __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
-                                                    int pair_base, int unit_count, NarrowState& st) {
+                                                    int pair_base, int unit_count, NarrowState<NH>& st) {
+  constexpr int NH_J = NarrowState<NH>::J, NH_REGS = NarrowState<NH>::REGS;
   const auto [wg, warp, lane, g, c] = consumer_thread();
   constexpr bool ONE_BLOCK = one_block_tile<TOPK, Tile::kNarrow>();
 #pragma unroll
@@ -316,9 +327,10 @@ __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, flo
 }
 
 // The epilogue with the narrow tile (epilogue.cuh's store_outputs, per head column).
-template <int D_QK>
+template <int D_QK, int NH>
 __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK>& ss,
-                                                     const NarrowState& st, int q_row, int num_heads) {
+                                                     const NarrowState<NH>& st, int q_row, int num_heads) {
+  constexpr int NH_J = NarrowState<NH>::J;
   constexpr float LN2 = 0.6931471805599453f;
   const ConsumerThread thread = consumer_thread();
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;

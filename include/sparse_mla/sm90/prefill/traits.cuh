@@ -19,7 +19,8 @@
 namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
-constexpr int NARROW_HEADS = 32; // h_q up to this runs the narrow-head tile (narrow.cuh)
+constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (narrow.cuh)
+constexpr int NARROW_16_HEADS = 16;  // and up to this, the one of 16 heads
 constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups.cuh): one owner bit each
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
@@ -33,7 +34,11 @@ enum class Tile {
   kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (narrow.cuh)
   kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
              // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
+  kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
 };
+// The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
+template <Tile TILE>
+constexpr int narrow_heads() { return TILE == Tile::kNarrow ? NARROW_HEADS : TILE == Tile::kNarrow16 ? NARROW_16_HEADS : 0; }
 
 // A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
@@ -134,7 +139,7 @@ struct SharedStorage {
 // cost 1.4-2% (benchmarks/notes/2026-12-01.md, Experiment 35), and they release a pair only after the
 // next one arrived, so one pair is in flight either way.
 template <Tile TILE>
-constexpr bool copies_arrive() { return TILE == Tile::kNarrow; }
+constexpr bool copies_arrive() { return narrow_heads<TILE>() > 0; }
 // Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
 // fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
 // each producer warp after its valid bits (otherwise its one arrival comes after them).
