@@ -8,7 +8,7 @@ Token groups (``include/sparse_mla/sm90/prefill/token_groups.cuh``): with at mos
 tile of one token is mostly empty, and adjacent tokens of a real indexer select mostly the same kv rows.
 So G adjacent tokens (``group_size``) share one tile over the union of their selections, each row masked
 to its own token's slots: a pre-pass lists each group's union, then the grouped launch runs the groups
-whose union pays, and a second launch runs the other groups' tokens one by one with the narrow tile.
+whose union pays, and a second launch runs the other groups' tokens one by one with a narrow tile.
 Which groups pay is decided on the device, per group, from the union's size: no host sync. Not in the
 batch-invariant mode (a row's group depends on its position in the call).
 """
