@@ -97,9 +97,10 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # token's slot (2 to 8 tokens per group), a narrow slot 0.88, so a union pays below ~0.72-0.80 entries
 # per slot. Where the kv rows outgrow L2 (s_kv 128K) a group reads its rows from DRAM: there unions
 # of 0.65-0.75 ran 1.3% slower grouped than narrow, while falling back left the pre-pass (5%) unpaid
-# for, so one threshold holds for both. Up to 16 heads the narrow tile has 16 heads, and a slot costs
-# 0.83 of the 32-head tile's (Experiment 60): on uniform selections at 8K-16K kv rows, with groups of
-# 4 and 8, grouped and token by token break even at 0.645-0.65 entries per slot.
+# for, so one threshold holds for both (MAX_UNION_RATIO, h_q 17-32). Up to 16 heads the narrow tile has
+# 16 heads, and a slot costs 0.83 of the 32-head tile's (the same notes, Experiment 60): on uniform
+# selections at 8K-16K kv rows, with groups of 4 and 8, grouped and token by token break even at
+# 0.645-0.65 entries per slot (MAX_UNION_RATIO_16).
 NARROW_HEADS = 32
 NARROW_16_HEADS = 16
 _B_TOPK = 64

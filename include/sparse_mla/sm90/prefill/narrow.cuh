@@ -119,7 +119,7 @@ __device__ __forceinline__ float column_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
-// P^T of this thread's 2 slots x 8 heads against `reference`, into the P tile (see the fragment
+// P^T of this thread's 2 slots x NH / 4 heads against `reference`, into the P tile (see the fragment
 // notes); returns per head the sum of the unrounded P and the max of the (rounded) logits.
 // `fused` is warp-uniform (the P exchange below is a shuffle).
 template <bool FUSED, int NH_J>
