@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
     WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    if constexpr (narrow_heads<TILE>() > 0) {  // whole items only: the launch runs a split call with the wide tile
+    if constexpr (is_narrow<TILE>()) {  // whole items only: the launch runs a split call with the wide tile
       for (; scheduler.has_work(); scheduler.advance()) {
         const WorkUnit w = scheduler.current();
         NarrowState<narrow_heads<TILE>()> st;

@@ -117,7 +117,7 @@ __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& par
   if constexpr (TILE == Tile::kGrouped) return group_unit(unit, params);
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
   // A token-grouped call's narrow launch: the unit-th token of its list (h_q <= 32: one item a token).
-  int item = narrow_heads<TILE>() > 0 && params.group_units != nullptr
+  int item = is_narrow<TILE>() && params.group_units != nullptr
                  ? __ldg(params.group_units + narrow_units_begin(params.s_q, params.group_size) + unit)
                  : unit;
   int part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;

@@ -39,6 +39,8 @@ enum class Tile {
 // The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
 template <Tile TILE>
 constexpr int narrow_heads() { return TILE == Tile::kNarrow ? NARROW_HEADS : TILE == Tile::kNarrow16 ? NARROW_16_HEADS : 0; }
+template <Tile TILE>
+constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
 
 // A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
@@ -131,7 +133,7 @@ struct SharedStorage {
 };
 
 // How the producer hands a block over (producer.cuh). The wide and grouped tiles: each producer thread
-// waits for its copies to land, fences them for the async proxy and arrives. The narrow tile: the
+// waits for its copies to land, fences them for the async proxy and arrives. The narrow tiles: the
 // copies' landing arrives by itself (cp.async.mbarrier.arrive.noinc), lane 0 of each warp arrives
 // once more after writing the valid bits, and each consumer fences after its wait; so the producer
 // never waits for a copy, and with the narrow consumers' early release (narrow.cuh) two pairs' copies
@@ -139,7 +141,7 @@ struct SharedStorage {
 // cost 1.4-2% (benchmarks/notes/2026-12-01.md, Experiment 35), and they release a pair only after the
 // next one arrived, so one pair is in flight either way.
 template <Tile TILE>
-constexpr bool copies_arrive() { return narrow_heads<TILE>() > 0; }
+constexpr bool copies_arrive() { return is_narrow<TILE>(); }
 // Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
 // fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
 // each producer warp after its valid bits (otherwise its one arrival comes after them).
