@@ -100,18 +100,23 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
 # for, so one threshold holds for both (MAX_UNION_RATIO, h_q 17-32). Up to 16 heads the narrow tile has
 # 16 heads, and a slot costs 0.83 of the 32-head tile's (the same notes, Experiment 60): on uniform
 # selections at 8K-16K kv rows, with groups of 4 and 8, grouped and token by token break even at
-# 0.645-0.65 entries per slot (MAX_UNION_RATIO_16).
+# 0.645-0.65 entries per slot (MAX_UNION_RATIO_16). Up to 8 heads the narrow tile has 8, 10% cheaper
+# again at 8K (Experiment 62): groups of 8 break even at 0.575-0.58 (MAX_UNION_RATIO_8).
 NARROW_HEADS = 32
 NARROW_16_HEADS = 16
+NARROW_8_HEADS = 8
 _B_TOPK = 64
 _MAX_GROUP = 8
 _MAX_GROUP_SLOTS = 16384
 MAX_UNION_RATIO = 0.75
 MAX_UNION_RATIO_16 = 0.65
+MAX_UNION_RATIO_8 = 0.57
 
 
 def max_union_ratio(h_q: int) -> float:
     """Union entries per valid slot up to which a group of tokens with ``h_q`` heads runs grouped."""
+    if h_q <= NARROW_8_HEADS:
+        return MAX_UNION_RATIO_8
     return MAX_UNION_RATIO_16 if h_q <= NARROW_16_HEADS else MAX_UNION_RATIO
 
 

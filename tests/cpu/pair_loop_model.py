@@ -74,7 +74,7 @@ class KernelOrder:
     proxy_fence: str
     probs_buffers: int  # P rotates through probs[pair % probs_buffers]
     # The consumers' tile: "wide" (consumer.cuh, epilogue.cuh, split.cuh: 64 heads) or "narrow"
-    # (narrow.cuh, h_q <= NARROW_HEADS, 32 or 16 heads: the same pair loop, but the exact path exchanges per-warp head
+    # (narrow.cuh, h_q <= NARROW_HEADS, 32, 16 or 8 heads: the same pair loop, but the exact path exchanges per-warp head
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
     # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
     # order over a token group, the producer copying each tile row's valid bits (its token's mask from
@@ -107,7 +107,7 @@ F7E0947_ORDER = KernelOrder(pv_wait_in_softmax=False, proxy_fence="none", probs_
 # proxy fence, per pair; consumer.cuh and producer.cuh point here. The one definition: change it with
 # the kernel, in the same commit.
 KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", probs_buffers=2)
-# The narrow-head tiles, of 32 and 16 heads (kernel.cuh's narrow path, narrow.cuh: one order, NH a
+# The narrow-head tiles, of 32, 16 and 8 heads (kernel.cuh's narrow path, narrow.cuh: one order, NH a
 # template parameter), as they ship: the early release, the copies' landing arriving on kv_full and
 # q_full by itself (copies_arrive in traits.cuh) and each consumer's fence after its wait; narrow.cuh
 # points here. Change it with the kernel, in the same commit.

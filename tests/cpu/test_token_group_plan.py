@@ -29,6 +29,7 @@ def _constant(header: str, name: str) -> int:
 def test_the_limits_are_the_kernels():
     assert launch.NARROW_HEADS == _constant("traits.cuh", "NARROW_HEADS")
     assert launch.NARROW_16_HEADS == _constant("traits.cuh", "NARROW_16_HEADS")
+    assert launch.NARROW_8_HEADS == _constant("traits.cuh", "NARROW_8_HEADS")
     assert launch._MAX_GROUP == _constant("traits.cuh", "MAX_GROUP")
     assert launch._MAX_GROUP_SLOTS == _constant("token_groups.cuh", "MAX_GROUP_SLOTS")
     assert launch.HEAD_BLOCK == _constant("traits.cuh", "B_H")
@@ -55,12 +56,13 @@ def test_group_size(h_q, topk, size):
         assert size * h_q <= launch.HEAD_BLOCK and size * topk <= launch._MAX_GROUP_SLOTS
 
 
-@pytest.mark.parametrize("h_q, ratio", [(1, launch.MAX_UNION_RATIO_16), (16, launch.MAX_UNION_RATIO_16),
+@pytest.mark.parametrize("h_q, ratio", [(1, launch.MAX_UNION_RATIO_8), (8, launch.MAX_UNION_RATIO_8),
+                                         (9, launch.MAX_UNION_RATIO_16), (16, launch.MAX_UNION_RATIO_16),
                                          (17, launch.MAX_UNION_RATIO), (32, launch.MAX_UNION_RATIO)])
 def test_the_union_threshold_follows_the_narrow_tile_a_group_falls_back_to(h_q, ratio):
-    """Up to 16 heads a group's tokens fall back to the 16-head narrow tile, whose slots cost less."""
+    """Up to 16 and up to 8 heads a group's tokens fall back to narrower tiles, whose slots cost less."""
     assert launch.max_union_ratio(h_q) == ratio
-    assert launch.MAX_UNION_RATIO_16 < launch.MAX_UNION_RATIO
+    assert launch.MAX_UNION_RATIO_8 < launch.MAX_UNION_RATIO_16 < launch.MAX_UNION_RATIO
 
 
 @pytest.mark.parametrize("value, mode", [(None, "auto"), ("", "auto"), ("always", "always"), (" Never ", "never")])

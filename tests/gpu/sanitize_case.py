@@ -13,7 +13,7 @@
   topk_length cycling through 0, 100 and 512 (units of 0, 1 and 4 pairs follow each other on one CTA:
   the q_empty wait, stage and P-buffer reuse across units, an item followed by a split part), hostile
   indices and sinks.
-- ``narrow``: the narrow tiles alone (h_q 16: 16 heads; h_q 24: 32; token groups off) with more work units than CTAs:
+- ``narrow``: the narrow tiles alone (h_q 8: 8 heads; h_q 16: 16; h_q 24: 32; token groups off) with more work units than CTAs:
   s_q = 3 * SMs - 1 tokens (no tail split), topk 512, topk_length 0 / 100 / 512 in turn (units of 0, 1 and 4 pairs
   follow each other on every CTA: the producer's lookahead across units, the early release of each
   pair), hostile indices, NaN rows behind invalid slots, sinks.
@@ -97,7 +97,7 @@ def narrow_cases(seed: int):
     topk = 512
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     s_q = 3 * sms - 1  # a last round of sms - 1 items: no tail split, which would take the wide tile
-    for h_q in (16, 24):  # the 16-head tile, the 32-head one
+    for h_q in (8, 16, 24):  # the 8-head tile, the 16-head one, the 32-head one
         inputs = make_inputs(
             s_q=s_q, s_kv=4096, h_q=h_q, d_qk=576, topk=topk, seed=seed, invalid="hostile", nan_kv_rows=True,
             attn_sink="special",

@@ -43,7 +43,7 @@ def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
     hostile indices, topk_length 0 / negative / past topk, infinite sinks, s_q 6; ``units``: more work
     units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA; ``narrow``: the same
-    with the narrow tiles at h_q 16 and 24, no split; ``groups``: token
+    with the narrow tiles at h_q 8, 16 and 24, no split; ``groups``: token
     groups, more than CTAs, grouped and narrow units in turn, the owner map at 8, 4 and 2 bits a row,
     the pre-pass in CTAs of 512 and 1024 threads (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()

@@ -1,12 +1,13 @@
 """Whole calls with the union threshold swept, side by side, and with token groups off.
 
-Each swept value is set as both ``sparse_mla.launch.MAX_UNION_RATIO`` (h_q 17-32) and
-``MAX_UNION_RATIO_16`` (h_q <= 16), so it decides every group of the call; ``never`` runs every
+Each swept value is set as ``sparse_mla.launch.MAX_UNION_RATIO`` (h_q 17-32), ``MAX_UNION_RATIO_16``
+(h_q 9-16) and ``MAX_UNION_RATIO_8`` (h_q <= 8), so it decides every group of the call; ``never`` runs every
 token on the narrow tiles. 4096 rows, topk 2048, d_qk 576. ``--cases 44``: realistic-dsv4 /
 realistic-glm / uniform indices at s_kv 32K and 128K, h_q 16-32 (Experiment 44 of
 ``benchmarks/notes/2026-12-01.md``); ``--cases 60``: h_q 8 and 16, where the 16-head narrow tile is
 the fallback, uniform at 8K-16K (the union ratios near the break-even) and the realistic patterns
-(Experiment 60). Each line also gives the share of groups that run grouped at each value.
+(Experiment 60); ``--cases 62``: h_q 4 and 8 on the 8-head tile, uniform at 8K-14K and the realistic
+patterns (Experiment 62). Each line also gives the share of groups that run grouped at each value.
 
     python benchmarks/experiments/token_groups/threshold_sweep.py --cases 60
 """
@@ -26,11 +27,15 @@ CASES = {
            [("uniform", 8192, 16), ("uniform", 8192, 8), ("uniform", 16384, 8), ("uniform", 12288, 8),
             ("realistic-dsv4", 131072, 16), ("realistic-dsv4", 131072, 8), ("realistic-dsv4", 32768, 16),
             ("realistic-dsv4", 32768, 8), ("realistic-glm", 131072, 8), ("realistic-glm", 8192, 16)]),
+    "62": ((0.65, 0.6, 0.55, 0.5, 0.45, 0.4),
+           [("uniform", 8192, 8), ("uniform", 10240, 8), ("uniform", 12288, 8), ("uniform", 14336, 8),
+            ("uniform", 10240, 4), ("uniform", 12288, 4), ("realistic-dsv4", 131072, 8),
+            ("realistic-dsv4", 32768, 8), ("realistic-glm", 131072, 8), ("realistic-dsv4", 131072, 4)]),
 }
 
 
 def set_threshold(ratio: float) -> None:
-    launch.MAX_UNION_RATIO = launch.MAX_UNION_RATIO_16 = ratio
+    launch.MAX_UNION_RATIO = launch.MAX_UNION_RATIO_16 = launch.MAX_UNION_RATIO_8 = ratio
 
 
 def grouped_share(inputs: dict, h_q: int, ratio: float) -> float:

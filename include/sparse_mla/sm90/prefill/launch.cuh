@@ -26,6 +26,8 @@ cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream
   const bool narrow = params.h_q <= prefill::NARROW_HEADS && params.split_parts == 1;
   auto kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kWide>;
   if (grouped) kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kGrouped>;
+  else if (narrow && params.h_q <= prefill::NARROW_8_HEADS)
+    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow8>;
   else if (narrow && params.h_q <= prefill::NARROW_16_HEADS)
     kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow16>;
   else if (narrow)

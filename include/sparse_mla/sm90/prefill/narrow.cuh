@@ -35,9 +35,9 @@
 
 namespace sparse_mla::sm90::prefill {
 
-// NH, the tile's heads (the N of Q.K^T and of P.V): 32 (Tile::kNarrow), or 16 (Tile::kNarrow16) for
-// h_q <= 16, which halves the tensor work and the exponentials again; a thread's accumulator rows
-// hold NH / 8 column groups j, NH / 2 registers per m64nNH tile.
+// NH, the tile's heads (the N of Q.K^T and of P.V): 32 (Tile::kNarrow), 16 (Tile::kNarrow16) for
+// h_q <= 16 or 8 (Tile::kNarrow8) for h_q <= 8, each halving the tensor work and the exponentials
+// again; a thread's accumulator rows hold NH / 8 column groups j, NH / 2 registers per m64nNH tile.
 template <int NH>
 struct NarrowState {
   static constexpr int J = NH / 8, REGS = NH / 2;
@@ -59,6 +59,11 @@ __device__ __forceinline__ void wgmma_narrow_ss(float (&d)[8], uint64_t desc_a, 
       accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
+__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>::fma(
+      desc_a, desc_b, d[0], d[1], d[2], d[3], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
 __device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
   cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
                                                           d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13],
@@ -67,6 +72,9 @@ __device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (
 __device__ __forceinline__ void wgmma_narrow_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
   cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
                                                           d[5], d[6], d[7]);
+}
+__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
+  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3]);
 }
 
 // S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.

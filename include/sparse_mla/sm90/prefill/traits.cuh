@@ -21,6 +21,7 @@ namespace sparse_mla::sm90::prefill {
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
 constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (narrow.cuh)
 constexpr int NARROW_16_HEADS = 16;  // and up to this, the one of 16 heads
+constexpr int NARROW_8_HEADS = 8;    // and up to this, the one of 8 heads
 constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups.cuh): one owner bit each
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
@@ -35,10 +36,13 @@ enum class Tile {
   kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
              // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
   kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
+  kNarrow8,  // kNarrow with 8 heads, for h_q <= 8
 };
 // The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
 template <Tile TILE>
-constexpr int narrow_heads() { return TILE == Tile::kNarrow ? NARROW_HEADS : TILE == Tile::kNarrow16 ? NARROW_16_HEADS : 0; }
+constexpr int narrow_heads() {
+  return TILE == Tile::kNarrow ? NARROW_HEADS : TILE == Tile::kNarrow16 ? NARROW_16_HEADS : TILE == Tile::kNarrow8 ? NARROW_8_HEADS : 0;
+}
 template <Tile TILE>
 constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
 
