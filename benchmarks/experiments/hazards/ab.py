@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import pathlib
 import sys
@@ -69,14 +70,23 @@ class LegacyModule:
         return (lambda *args: function(*args[:15])) if name == ENTRY_FUNCTION else function
 
 
-def load_variant(spec: str) -> tuple[str, dict, str]:
-    """``NAME=CACHE_ROOT[:MODE]`` -> (name, {(d_qk, topk): module}, token-group mode) for every kernel
-    the root holds; MODE is ``auto`` (default), ``always`` or ``never`` (forced for modules built before
-    token groups). The same root under two names times one build twice: the spread between the two is
+def load_variant(spec: str) -> tuple[str, dict, str, object]:
+    """``NAME=CACHE_ROOT[:MODE][@PLAN]`` -> (name, {(d_qk, topk): module}, token-group mode, launch) for
+    every kernel the root holds; MODE is ``auto`` (default), ``always`` or ``never`` (forced for modules
+    built before token groups); PLAN, the ``launch.py`` of the tree the root was built from, where its
+    entries take other arguments than this package's (loaded beside it: the rest of the package must
+    be the same). The same root under two names times one build twice: the spread between the two is
     the noise floor."""
     name, _, rest = spec.partition("=")
+    rest, _, plan_path = rest.partition("@")
     root, _, mode = rest.partition(":")
     mode = mode or "auto"
+    plan = launch
+    if plan_path:
+        plan_spec = importlib.util.spec_from_file_location(f"launch_plan_{name}", plan_path)
+        plan_module = importlib.util.module_from_spec(plan_spec)
+        plan_spec.loader.exec_module(plan_module)
+        plan = plan_module.launch
     modules = {}
     for so in sorted(pathlib.Path(root).glob("sm90a/sparse_mla_prefill_dqk*_topk*_sm90a/*/*.so")):
         key = so.parent.parent.name.split("_")  # sparse_mla_prefill_dqk576_topk2048_sm90a
@@ -88,12 +98,12 @@ def load_variant(spec: str) -> tuple[str, dict, str]:
         modules[(int(key[3][3:]), int(key[4][4:]))] = module
     if not modules:
         sys.exit(f"no kernel module under {root}")
-    return name, modules, mode
+    return name, modules, mode, plan
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT[:MODE]")
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT[:MODE][@PLAN]")
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO")
     parser.add_argument("--indices", choices=("uniform",) + tuple(PRESETS), default="uniform")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK}")
@@ -105,7 +115,7 @@ def main() -> None:
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
 
-    variants = {name: (modules, mode) for name, modules, mode in map(load_variant, args.variant)}
+    variants = {name: (modules, mode, plan) for name, modules, mode, plan in map(load_variant, args.variant)}
     dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
     shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
     if args.shape:
@@ -117,11 +127,11 @@ def main() -> None:
         if args.indices != "uniform":
             inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[args.indices], seed=0)
         calls, outputs = {}, {}
-        for name, (modules, mode) in variants.items():
+        for name, (modules, mode, plan) in variants.items():
             for invariant in (False, True) if args.batch_invariant else (False,):
                 label = name + ("+bi" if invariant else "")
                 out = outputs[label] = poisoned_outputs(s_q, h_q)
-                calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant, tg=mode: launch(
+                calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant, tg=mode, run=plan: run(
                     inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
                     o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m, token_groups=tg))
         if dispatch is not None:
