@@ -58,10 +58,10 @@ __device__ __forceinline__ void wgmma_narrow_ss(float (&d)[8], uint64_t desc_a, 
       desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
       accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
-
 __device__ __forceinline__ void wgmma_narrow_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+      desc_a, desc_b, d[0], d[1], d[2], d[3],
+      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
 __device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {

@@ -41,7 +41,10 @@ enum class Tile {
 // The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
 template <Tile TILE>
 constexpr int narrow_heads() {
-  return TILE == Tile::kNarrow ? NARROW_HEADS : TILE == Tile::kNarrow16 ? NARROW_16_HEADS : TILE == Tile::kNarrow8 ? NARROW_8_HEADS : 0;
+  return TILE == Tile::kNarrow     ? NARROW_HEADS
+         : TILE == Tile::kNarrow16 ? NARROW_16_HEADS
+         : TILE == Tile::kNarrow8  ? NARROW_8_HEADS
+                                   : 0;
 }
 template <Tile TILE>
 constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
