@@ -31,11 +31,13 @@ CALLS = 20
 
 
 def kernel_role(name: str) -> str:
+    """The pre-pass, the grouped launch (Tile::kGrouped, the enum's value 2 in the kernel's name,
+    demangled or not), or the launch of the tokens that run one by one (a narrow tile, or the wide one)."""
     if "token_groups" in name:
         return "prepass"
     if "Tile)2" in name or "TileE2" in name:
         return "grouped"
-    return "tokens"  # a narrow tile, or the wide one
+    return "tokens"
 
 
 def breakdown(inputs: dict, h_q: int) -> dict:
@@ -58,8 +60,7 @@ def breakdown(inputs: dict, h_q: int) -> dict:
         if "prefill_kernel" not in event.key:
             continue
         us[kernel_role(event.key)] += event.device_time_total / CALLS
-        kernels[event.key.split("(")[0][-90:] if "<" not in event.key else event.key[:event.key.find(">") + 1]] = (
-            event.device_time_total / CALLS)
+        kernels[event.key.rsplit("(", 1)[0]] = event.device_time_total / CALLS  # the name up to its parameters
     group = launch.group_size(h_q, inputs["indices"].shape[2])
     lists = launch.token_group_lists(inputs["q"].device, inputs["q"].shape[0], group, inputs["indices"].shape[2])
     module = launch.get_module(launch._kernel_key(inputs["q"].shape[2], inputs["indices"].shape[2]))
