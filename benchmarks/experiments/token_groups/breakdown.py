@@ -26,6 +26,7 @@ from sparse_mla.testing import PRESETS, make_inputs, poisoned_outputs, realistic
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
 from bench import git_commit  # noqa: E402
+from threshold_sweep import grouped_share  # noqa: E402  (beside this script)
 
 CALLS = 20
 
@@ -61,12 +62,8 @@ def breakdown(inputs: dict, h_q: int) -> dict:
             continue
         us[kernel_role(event.key)] += event.device_time_total / CALLS
         kernels[event.key.rsplit("(", 1)[0]] = event.device_time_total / CALLS  # the name up to its parameters
-    group = launch.group_size(h_q, inputs["indices"].shape[2])
-    lists = launch.token_group_lists(inputs["q"].device, inputs["q"].shape[0], group, inputs["indices"].shape[2])
-    module = launch.get_module(launch._kernel_key(inputs["q"].shape[2], inputs["indices"].shape[2]))
-    getattr(module, launch.TOKEN_GROUPS_FUNCTION)(inputs["indices"], None, inputs["kv"].shape[0], h_q, group,
-                                                  launch.max_union_ratio(h_q), *lists)
-    return dict(us=dict(us), total_us=sum(us.values()), paying=(lists[2] >= 0).float().mean().item(), kernels=kernels)
+    return dict(us=dict(us), total_us=sum(us.values()), paying=grouped_share(inputs, h_q, launch.max_union_ratio(h_q)),
+                kernels=kernels)
 
 
 def main() -> None:
