@@ -111,6 +111,8 @@ def main() -> None:
                         help="time these shapes instead of the benchmark table's")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="also time each variant in the batch-invariant mode (as NAME+bi)")
+    parser.add_argument("--topk-length", choices=("random",),
+                        help="per-row topk_length uniform in [1, topk] (make_inputs' 'random')")
     parser.add_argument("--iters", type=int, default=60, help="timed calls of each variant per shape")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
@@ -123,7 +125,8 @@ def main() -> None:
     rows = []
     for shape in shapes:
         s_q, s_kv, h_q, d_qk, topk = shape
-        inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=0)
+        inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=0, topk_length=args.topk_length)
+        lengths = inputs["topk_length"]
         if args.indices != "uniform":
             inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[args.indices], seed=0)
         calls, outputs = {}, {}
@@ -132,7 +135,7 @@ def main() -> None:
                 label = name + ("+bi" if invariant else "")
                 out = outputs[label] = poisoned_outputs(s_q, h_q)
                 calls[label] = (lambda m=modules[(d_qk, topk)], o=out, bi=invariant, tg=mode, run=plan: run(
-                    inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
+                    inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, lengths,
                     o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m, token_groups=tg))
         if dispatch is not None:
             shape_args = dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape))
@@ -143,7 +146,7 @@ def main() -> None:
                      for name in outputs}
         ref_out, _, ref_lse = reference_prefill(
             inputs["q"][:16], inputs["kv"], inputs["indices"][:16], inputs["sm_scale"], inputs["q_scale"],
-            inputs["kv_scale"], 512)
+            inputs["kv_scale"], 512, None, None if lengths is None else lengths[:16])
         row = dict(shape=shape, ms=ms, identical_to_first=identical,
                    out_rel_err=relative_error(outputs[first]["out"][:16], ref_out),
                    tflops={n: prefill_flops(s_q, h_q, topk, d_qk) / (t * 1e-3) / 1e12 for n, t in ms.items()})
@@ -167,7 +170,7 @@ def main() -> None:
         print("! outputs differ from the first variant's")
     if args.json:
         meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    commit=git_commit(), variants=args.variant, indices=args.indices)
+                    commit=git_commit(), variants=args.variant, indices=args.indices, topk_length=args.topk_length)
         args.json.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
 
 
