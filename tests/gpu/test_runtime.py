@@ -1,14 +1,15 @@
 """GPU tier: the kernel inside real runtimes: the caller's stream, CUDA graphs, torch.compile, repeated
-launches (races show up as launch-to-launch differences), and a second GPU."""
+launches (races show up as launch-to-launch differences), a second GPU, and two GPUs called at once."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
 
-from sparse_mla.testing import error_model, make_inputs, poisoned_outputs, reference_prefill
+from sparse_mla.testing import PRESETS, error_model, make_inputs, poisoned_outputs, realistic_indices, reference_prefill
 
 pytestmark = pytest.mark.gpu
 
@@ -168,13 +169,84 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32)
 
 
-def test_inputs_on_a_second_gpu(check_prefill, seed):
-    """Inputs on cuda:1 while cuda:0 is current: the kernel runs there and the current device stays."""
+# The calls of the multi-device tests: the wide tile with per-row lengths and sinks, a call whose last
+# round is split (its workspace and counters), and a tensor-parallel rank's call through token groups
+# (the pre-pass's lists), each of which allocates on the inputs' device and stream and launches there.
+RANK_CASES = {
+    "wide": (dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64), None),
+    "split": (dict(s_q=137, s_kv=4096, h_q=128, d_qk=576, topk=512), None),
+    "token-groups": (dict(s_q=256, s_kv=8192, h_q=16, d_qk=576, topk=2048), "realistic-glm"),
+}
+
+
+def _rank_inputs(name: str, seed: int, device: str) -> tuple[dict, dict]:
+    shape, pattern = RANK_CASES[name]
+    if pattern is None:
+        return shape, make_inputs(**shape, seed=seed, device=device, topk_length="random", attn_sink="random")
+    inputs = make_inputs(**shape, seed=seed, device=device, attn_sink="random")
+    inputs["indices"] = realistic_indices(shape["s_q"], shape["s_kv"], shape["topk"], **PRESETS[pattern], seed=seed,
+                                          device=device)
+    return shape, inputs
+
+
+def _needs_two_gpus() -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip(f"GPU tier: needs two GPUs, found {torch.cuda.device_count()}")
-    shape = dict(s_q=128, s_kv=4096, h_q=64, d_qk=576, topk=64)
+
+
+@pytest.mark.parametrize("case", RANK_CASES)
+def test_inputs_on_a_second_gpu(check_prefill, seed, case):
+    """Inputs on cuda:1 while cuda:0 is current: the kernel runs there and the current device stays."""
+    _needs_two_gpus()
     with torch.cuda.device(0):
-        inputs = make_inputs(**shape, seed=seed, device="cuda:1", topk_length="random", attn_sink="random")
-        result = check_prefill(inputs, describe(seed, device="cuda:1", **shape))
+        shape, inputs = _rank_inputs(case, seed, "cuda:1")
+        result = check_prefill(inputs, describe(seed, device="cuda:1", case=case, **shape))
         assert torch.cuda.current_device() == 0
     assert all(t.device == torch.device("cuda:1") for t in result)
+
+
+def _calls_from_two_threads(prefill_fwd, seed: int, devices: tuple[int, int]) -> list[str]:
+    """Thread k calls on cuda:devices[k], on a stream of its own, LAUNCHES rounds of every case at
+    once with the other thread; returns every call whose outputs are not bitwise those of the same call
+    made alone."""
+    calls = {}
+    for rank, device in enumerate(devices):
+        for case in RANK_CASES:
+            _, inputs = _rank_inputs(case, seed + rank, f"cuda:{device}")
+            calls[rank, case] = (inputs, [t.clone() for t in prefill_fwd(**inputs)])  # alone
+    for device in set(devices):
+        torch.cuda.synchronize(device)
+
+    def run_rank(rank: int, failures: list) -> None:
+        try:
+            with torch.cuda.device(devices[rank]), torch.cuda.stream(torch.cuda.Stream()):
+                results = [(case, prefill_fwd(**calls[rank, case][0])) for _ in range(LAUNCHES)
+                           for case in RANK_CASES]
+                torch.cuda.current_stream().synchronize()
+            for case, result in results:
+                for name, got, alone in zip(("out", "max_logits", "lse"), result, calls[rank, case][1]):
+                    if not torch.equal(_bits(got), _bits(alone)):
+                        failures.append(f"rank {rank} on cuda:{devices[rank]}, {case}: {name} differs from alone")
+        except Exception as error:  # reported by the main thread
+            failures.append(f"rank {rank} on cuda:{devices[rank]}: {error!r}")
+
+    failures: list[str] = []
+    threads = [threading.Thread(target=run_rank, args=(rank, failures)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(set(failures))
+
+
+def test_two_threads_calling_one_gpu_at_once(prefill_fwd, seed):
+    """Two threads of one process calling on one GPU, each on its own stream (two models, or a
+    pipeline's stages, served side by side): every call's outputs are those of the call made alone."""
+    assert _calls_from_two_threads(prefill_fwd, seed, (0, 0)) == [], f"seed={seed}"
+
+
+def test_two_gpus_called_at_once_from_two_threads(prefill_fwd, seed):
+    """Two ranks in one process, as tensor parallelism runs them: a thread per GPU, each on its own
+    stream, every call's outputs bitwise those of the same call made alone on that GPU."""
+    _needs_two_gpus()
+    assert _calls_from_two_threads(prefill_fwd, seed, (0, 1)) == [], f"seed={seed}"
