@@ -27,7 +27,7 @@ from ab import load_variant  # noqa: E402
 from bench import pattern_indices  # noqa: E402  (ab puts benchmarks/ on the path)
 
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
-from sparse_mla.launch import MAX_UNION_RATIO, group_size, token_group_lists  # noqa: E402
+from sparse_mla.launch import group_size, max_union_ratio, token_group_lists  # noqa: E402
 from sparse_mla.testing import make_inputs, interleaved_median_ms  # noqa: E402
 
 S_Q, TOPK = 4096, 2048
@@ -58,14 +58,14 @@ def main() -> None:
         indices = pattern_indices(pattern, S_Q, s_kv, TOPK, 0, make_inputs(S_Q, s_kv, h_q, 576, TOPK, seed=0)["indices"])
         group = group_size(h_q, TOPK)
         calls, lists = {}, {}
-        for name, modules, _ in variants:
+        for name, modules, _, _ in variants:  # (name, modules, mode, launch plan)
             lists[name] = token_group_lists(indices.device, S_Q, group, TOPK)
             for tensor in lists[name]:
                 tensor.fill_(-7)
             pre_pass = getattr(modules[(576, TOPK)], TOKEN_GROUPS_FUNCTION)
             # The unit lists' counts are zeroed before every run (the pre-pass appends to them).
             calls[name] = (lambda f=pre_pass, out=lists[name]: (out[3][:2].zero_(),
-                                                                f(indices, None, s_kv, h_q, group, MAX_UNION_RATIO, *out)))
+                                                                f(indices, None, s_kv, h_q, group, max_union_ratio(h_q), *out)))
         ms = interleaved_median_ms(calls, iters=30)
         first = lists[variants[0][0]]
         paying = (first[2] >= 0).float().mean().item()

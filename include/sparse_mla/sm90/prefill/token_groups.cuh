@@ -142,6 +142,14 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   constexpr int WARPS = THREADS / 32;
   constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
   constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK, THREADS>;
+  // A CTA of WIDE_GROUP_THREADS has its SM to itself, so no other CTA's warps issue while its warps
+  // wait at the barrier after the list pass; that barrier waited for the warps whose rows of later
+  // tokens made entries, one dependent index load per row (ncu at s_kv 128K, groups of 8: 16.5% of
+  // the warps' samples). Its threads have the registers to load those rows all at once (64 a thread
+  // at most; 53 with them, 46 without): the pre-pass 7-12% faster there (Experiment 67 of
+  // benchmarks/notes/2026-12-01.md). Three CTAs of 512 threads share an SM, whose warps fill each
+  // other's waits, and have none to spare (42 a thread at most, 39-40 used).
+  constexpr bool LOADS_LATER_AT_ONCE = THREADS == WIDE_GROUP_THREADS;
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
@@ -279,14 +287,16 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     }
     const uint32_t common_before = __shfl_sync(0xffffffffu, common_scan - common_count, warp);
     const uint32_t all_common = __shfl_sync(0xffffffffu, common_scan, WARPS - 1);
-    for (int t = 0; t < tokens; ++t) {
+    // Token t's entries: the slots of its rows that made one, placed by ballots in the order of
+    // first occurrence; key_of(i, makes) is the kv row of the thread's slot of row i.
+    const auto list_token = [&](int t, auto key_of) {
       const uint32_t entries_before = before[t * WARPS + warp] & 0xffffu, common_here = t == 0 ? common_before : all_common;
       uint32_t at_common = chunk_begin + common_here, at_rest = chunk_begin + all_common + (entries_before - common_here);
 #pragma unroll
       for (int i = 0; i < WARP_ROWS; ++i) {
         const bool makes = ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
         if (!__any_sync(0xffffffffu, makes)) continue;  // warp-uniform: most rows of tokens past the first
-        const int32_t key = t == 0 ? index[i] : makes ? __ldg(group_in + t * TOPK + 32 * i) : 0;  // the slot's kv row
+        const int32_t key = key_of(i, makes);
         const uint32_t owners = makes ? owners_of(static_cast<uint32_t>(key) - chunk) : 0u;
         const uint32_t common_ballot = __ballot_sync(0xffffffffu, owners == everyone);
         const uint32_t rest_ballot = __ballot_sync(0xffffffffu, makes && owners != everyone);
@@ -298,6 +308,28 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         }
         at_common += __popc(common_ballot);
         at_rest += __popc(rest_ballot);
+      }
+    };
+    if constexpr (LOADS_LATER_AT_ONCE) {
+      // The later tokens' entry-making slots, loaded all at once: the list pass waits for one load
+      // instead of one per row that makes an entry.
+      int32_t later[max_group_size(TOPK) - 1][WARP_ROWS];
+#pragma unroll
+      for (int t = 1; t < max_group_size(TOPK); ++t) {
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) {
+          const bool makes = t < tokens && ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
+          later[t - 1][i] = makes ? __ldg(group_in + t * TOPK + 32 * i) : 0;
+        }
+      }
+      list_token(0, [&](int i, bool) { return index[i]; });
+#pragma unroll
+      for (int t = 1; t < max_group_size(TOPK); ++t) {
+        if (t < tokens) list_token(t, [&](int i, bool) { return later[t - 1][i]; });
+      }
+    } else {
+      for (int t = 0; t < tokens; ++t) {
+        list_token(t, [&](int i, bool makes) { return t == 0 ? index[i] : makes ? __ldg(group_in + t * TOPK + 32 * i) : 0; });
       }
     }
     __syncthreads();  // the map is read: the next chunk may clear it
