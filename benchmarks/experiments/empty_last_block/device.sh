@@ -1,10 +1,8 @@
 # The working tree's change against HEAD, side by side on the GPU machine (from the repository root,
 # after prepare.sh here; carry .abcache): grouped calls, the wide tile with per-row topk_length
 # (where a unit's last pair often holds one block), the controls; then the changed tree's tests/gpu.
-R=$PWD
-pb() { (cd $1 && PYTHONPATH=$1/python:/tmp/site SPARSE_MLA_JIT_CACHE_DIR=$2 python3 -m sparse_mla prebuild --d-qk 576 --topk $3 -j 8 > /tmp/pb_$4.txt 2>&1; tail -1 /tmp/pb_$4.txt); }
-pb $R/.abcache/base /tmp/j_base 2048 base & pb $R/.abcache/e66 /tmp/j_e66 "1 7 64 100 512 2048 4096" e66 & wait
-(cd .abcache/e66 && PYTHONPATH=$R/.abcache/e66/python:/tmp/site SPARSE_MLA_JIT_CACHE_DIR=/tmp/j_e66 python3 -m sparse_mla prebuild --d-qk 512 --topk 64 512 -j 8 | tail -1)
+source benchmarks/experiments/hazards/ab_trees.sh
+ab_trees e66
 AB="python3 benchmarks/experiments/hazards/ab.py --iters 25 --variant base=/tmp/j_base --variant e66=/tmp/j_e66"
 $AB --indices realistic-glm --shape 4096,8192,8,576,2048 --shape 4096,8192,16,576,2048 --shape 4096,8192,32,576,2048 \
   --shape 4096,131072,8,576,2048 --shape 4096,131072,16,576,2048 --shape 4096,131072,32,576,2048 --json $OUT/ab_glm.json 2>&1 | tail -8
@@ -14,5 +12,4 @@ $AB --topk-length random --shape 4096,8192,64,576,2048 --shape 4096,32768,128,57
   --shape 4096,8192,32,576,2048 --json $OUT/ab_lengths.json 2>&1 | tail -6
 $AB --shape 4096,8192,64,576,2048 --shape 4096,32768,128,576,2048 --shape 437,8192,64,576,2048 --shape 4096,8192,16,576,2048 \
   --json $OUT/ab_uniform.json 2>&1 | tail -6
-(cd .abcache/e66 && PYTHONPATH=$R/.abcache/e66/python:/tmp/site SPARSE_MLA_JIT_CACHE_DIR=/tmp/j_e66 \
-  timeout 330 python3 -m pytest tests/gpu -q -rs -x -p no:cacheprovider > $OUT/tests_e66.txt 2>&1; tail -4 $OUT/tests_e66.txt)
+(in_tree e66 timeout 330 python3 -m pytest tests/gpu -q -rs -x -p no:cacheprovider > $OUT/tests_e66.txt 2>&1; tail -4 $OUT/tests_e66.txt)

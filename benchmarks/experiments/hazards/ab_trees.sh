@@ -1,0 +1,18 @@
+# Sourced by the experiments' device scripts, on the GPU machine, from the repository root, with
+# .abcache carried: .abcache/base holds the baseline's source tree, .abcache/NAME the changed one.
+#   in_tree NAME CMD...  runs CMD inside .abcache/NAME with that tree's package and kernel cache
+#                        (/tmp/j_NAME)
+#   ab_trees NAME        builds the baseline at topk 2048 and NAME at every key its tests use, side by side
+AB_ROOT=$PWD
+in_tree() {
+  local name=$1
+  shift
+  (cd "$AB_ROOT/.abcache/$name" && PYTHONPATH="$AB_ROOT/.abcache/$name/python:/tmp/site" SPARSE_MLA_JIT_CACHE_DIR="/tmp/j_$name" "$@")
+}
+ab_trees() {
+  in_tree base python3 -m sparse_mla prebuild --d-qk 576 --topk 2048 -j 8 > /tmp/pb_base.txt 2>&1 &
+  in_tree "$1" python3 -m sparse_mla prebuild --d-qk 576 --topk 1 7 64 100 512 2048 4096 -j 8 > "/tmp/pb_$1.txt" 2>&1 &
+  wait
+  tail -n 1 /tmp/pb_base.txt "/tmp/pb_$1.txt"
+  in_tree "$1" python3 -m sparse_mla prebuild --d-qk 512 --topk 64 512 -j 8 | tail -n 1
+}
