@@ -1,0 +1,19 @@
+# Experiment 68b on the GPU machine, from the repository root, carrying .abcache, after
+#   for v in base bulk2 bulk3; do rm -rf .abcache/$v; mkdir -p .abcache/$v; done
+#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
+# and l2_prefetch_bulk.patch applied in .abcache/bulk2 (PREFETCH_PAIRS = 2) and .abcache/bulk3 (3):
+# the rows ahead asked of L2 by the TMA unit (one bulk prefetch a row), side by side with the baseline.
+source benchmarks/experiments/hazards/ab_trees.sh
+for v in base bulk2 bulk3; do
+  in_tree $v python3 -m sparse_mla prebuild --d-qk 576 --topk 2048 -j 5 > /tmp/pb_$v.txt 2>&1 &
+done
+wait
+tail -qn 1 /tmp/pb_*.txt
+AB="timeout 200 python3 benchmarks/experiments/hazards/ab.py --iters 15 --variant base=/tmp/j_base --variant bulk2=/tmp/j_bulk2 --variant bulk3=/tmp/j_bulk3 --variant base2=/tmp/j_base"
+K=131072
+$AB --indices uniform --shape 4096,$K,64,576,2048 --shape 4096,$K,16,576,2048 --shape 4096,$K,128,576,2048 \
+  --shape 4096,8192,128,576,2048 --json $OUT/ab_bulk_uniform.json > $OUT/ab_bulk_uniform.txt 2>&1; tail -n 6 $OUT/ab_bulk_uniform.txt
+$AB --indices realistic-glm --shape 4096,$K,8,576,2048 --shape 4096,$K,16,576,2048 --shape 4096,8192,32,576,2048 \
+  --json $OUT/ab_bulk_glm.json > $OUT/ab_bulk_glm.txt 2>&1; tail -n 5 $OUT/ab_bulk_glm.txt
+$AB --indices realistic-dsv4 --shape 4096,$K,8,576,2048 --shape 4096,$K,16,576,2048 \
+  --json $OUT/ab_bulk_dsv4.json > $OUT/ab_bulk_dsv4.txt 2>&1; tail -n 4 $OUT/ab_bulk_dsv4.txt
