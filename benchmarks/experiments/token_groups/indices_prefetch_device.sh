@@ -1,0 +1,15 @@
+# Experiment 71 on the GPU machine, from the repository root, carrying .abcache, after
+#   rm -rf .abcache/base .abcache/pp && mkdir -p .abcache/base .abcache/pp
+#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
+#   tar -c include python tests pyproject.toml | tar -x -C .abcache/pp
+# here, HEAD the commit before the change and the working tree with it (indices_prefetch.patch): the
+# pre-pass of both side by side with their lists compared, whole calls, then the changed tree's tests/gpu.
+source benchmarks/experiments/hazards/ab_trees.sh
+ab_trees pp
+CASES=realistic-glm:131072:8,realistic-dsv4:131072:8,realistic-glm:8192:8,realistic-glm:131072:16,realistic-glm:8192:16,realistic-glm:8192:32,uniform:131072:16,uniform:131072:8 \
+  timeout 150 python3 benchmarks/experiments/token_groups/prepass_ab.py base=/tmp/j_base pp=/tmp/j_pp base2=/tmp/j_base 2>&1 | tee $OUT/prepass_ab.txt | grep -v Warn
+AB="timeout 150 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base --variant pp=/tmp/j_pp --variant base2=/tmp/j_base"
+$AB --indices realistic-glm --shape 4096,131072,8,576,2048 --shape 4096,131072,16,576,2048 --shape 4096,8192,8,576,2048 \
+  --shape 4096,8192,32,576,2048 --json $OUT/ab_glm.json 2>&1 | tail -n 5
+$AB --indices realistic-dsv4 --shape 4096,131072,8,576,2048 --shape 4096,131072,16,576,2048 --json $OUT/ab_dsv4.json 2>&1 | tail -n 3
+(in_tree pp timeout 300 python3 -m pytest tests/gpu -q -rs -p no:cacheprovider > $OUT/tests_pp.txt 2>&1; tail -n 4 $OUT/tests_pp.txt)
