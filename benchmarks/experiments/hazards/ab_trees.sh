@@ -3,6 +3,7 @@
 #   in_tree NAME CMD...  runs CMD inside .abcache/NAME with that tree's package and kernel cache
 #                        (/tmp/j_NAME)
 #   ab_trees NAME        builds the baseline at topk 2048 and NAME at every key its tests use, side by side
+#   build_2048 NAME...   builds each NAME (base included, if named) at topk 2048 only, side by side
 AB_ROOT=$PWD
 in_tree() {
   local name=$1
@@ -15,4 +16,12 @@ ab_trees() {
   wait
   tail -n 1 /tmp/pb_base.txt "/tmp/pb_$1.txt"
   in_tree "$1" python3 -m sparse_mla prebuild --d-qk 512 --topk 64 512 -j 8 | tail -n 1
+}
+build_2048() {
+  local name
+  for name in "$@"; do
+    in_tree "$name" python3 -m sparse_mla prebuild --d-qk 576 --topk 2048 -j 5 > "/tmp/pb_$name.txt" 2>&1 &
+  done
+  wait
+  for name in "$@"; do tail -n 1 "/tmp/pb_$name.txt"; done
 }

@@ -6,11 +6,7 @@
 # ahead, side by side with the baseline (twice: the noise floor), at s_kv 128K where kv does not fit
 # L2 and at 8-32K where it does; then the baseline's kernel timeline of token-grouped calls.
 source benchmarks/experiments/hazards/ab_trees.sh
-for v in base pf2 pf1; do
-  in_tree $v python3 -m sparse_mla prebuild --d-qk 576 --topk 2048 -j 5 > /tmp/pb_$v.txt 2>&1 &
-done
-wait
-tail -qn 1 /tmp/pb_*.txt
+build_2048 base pf2 pf1
 AB="timeout 200 python3 benchmarks/experiments/hazards/ab.py --iters 15 --variant base=/tmp/j_base --variant pf2=/tmp/j_pf2 --variant pf1=/tmp/j_pf1 --variant base2=/tmp/j_base"
 K=131072
 $AB --indices uniform --shape 4096,$K,64,576,2048 --shape 4096,$K,16,576,2048 --shape 4096,$K,8,576,2048 \

@@ -4,11 +4,7 @@
 # and l2_prefetch_bulk.patch applied in .abcache/bulk2 (PREFETCH_PAIRS = 2) and .abcache/bulk3 (3):
 # the rows ahead asked of L2 by the TMA unit (one bulk prefetch a row), side by side with the baseline.
 source benchmarks/experiments/hazards/ab_trees.sh
-for v in base bulk2 bulk3; do
-  in_tree $v python3 -m sparse_mla prebuild --d-qk 576 --topk 2048 -j 5 > /tmp/pb_$v.txt 2>&1 &
-done
-wait
-tail -qn 1 /tmp/pb_*.txt
+build_2048 base bulk2 bulk3
 AB="timeout 200 python3 benchmarks/experiments/hazards/ab.py --iters 15 --variant base=/tmp/j_base --variant bulk2=/tmp/j_bulk2 --variant bulk3=/tmp/j_bulk3 --variant base2=/tmp/j_base"
 K=131072
 $AB --indices uniform --shape 4096,$K,64,576,2048 --shape 4096,$K,16,576,2048 --shape 4096,$K,128,576,2048 \

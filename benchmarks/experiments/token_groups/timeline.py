@@ -22,33 +22,22 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import sparse_mla.launch as launch
-from sparse_mla.testing import PRESETS, make_inputs, median_time_ms, poisoned_outputs, realistic_indices
+from sparse_mla.testing import PRESETS, make_inputs, median_time_ms, realistic_indices
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
 from bench import git_commit  # noqa: E402
+from breakdown import kernel_role, warm_call  # noqa: E402  (beside this script)
 
 SHAPES = (("realistic-glm", 8192, 32), ("realistic-glm", 8192, 8), ("realistic-glm", 131072, 8),
           ("realistic-glm", 131072, 16), ("uniform", 131072, 16))
 
 
 def short_name(name: str) -> str:
-    if "token_groups" in name:
-        return "pre-pass"
-    if "prefill_kernel" in name:
-        return "grouped" if ("Tile)2" in name or "TileE2" in name) else "tokens"
-    return name[:40]
+    return kernel_role(name) if "prefill_kernel" in name else name[:40]
 
 
 def timeline(inputs: dict, h_q: int) -> dict:
-    out = poisoned_outputs(inputs["q"].shape[0], h_q)
-
-    def call():
-        launch.launch(inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, None,
-                      out["out"], out["max_logits"], out["lse"], inputs["sm_scale"], False)
-
-    for _ in range(3):
-        call()
+    call = warm_call(inputs, h_q)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
