@@ -1,10 +1,22 @@
 # Sourced by the experiments' device scripts, on the GPU machine, from the repository root, with
 # .abcache carried: .abcache/base holds the baseline's source tree, .abcache/NAME the changed one.
+# Here, before the call, `source benchmarks/experiments/hazards/ab_trees.sh && make_trees NAME...`
+# makes them.
+#   make_trees NAME...   .abcache/base from HEAD, each .abcache/NAME from the working tree (tests too)
 #   in_tree NAME CMD...  runs CMD inside .abcache/NAME with that tree's package and kernel cache
 #                        (/tmp/j_NAME)
 #   ab_trees NAME        builds the baseline at topk 2048 and NAME at every key its tests use, side by side
 #   build_2048 NAME...   builds each NAME (base included, if named) at topk 2048 only, side by side
 AB_ROOT=$PWD
+make_trees() {
+  local name
+  rm -rf "$AB_ROOT/.abcache/base" && mkdir -p "$AB_ROOT/.abcache/base"
+  git archive HEAD include python pyproject.toml | tar -x -C "$AB_ROOT/.abcache/base"
+  for name in "$@"; do
+    rm -rf "$AB_ROOT/.abcache/$name" && mkdir -p "$AB_ROOT/.abcache/$name"
+    tar -c include python tests pyproject.toml | tar -x -C "$AB_ROOT/.abcache/$name"
+  done
+}
 in_tree() {
   local name=$1
   shift

@@ -1,7 +1,6 @@
 # Experiment 69 on the GPU machine, from the repository root, carrying .abcache, after
-#   for v in base h0 h64 h128; do rm -rf .abcache/$v; mkdir -p .abcache/$v; done
-#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base   # and h0, h64, h128 with
-# the gather's cp.async L2 hint (primitives.cuh cp_async_16) removed (h0) or set to 64 or 128 bytes:
+# `make_trees h0 h64 h128` (hazards/ab_trees.sh) here and, in those trees, the gather's cp.async L2
+# hint (primitives.cuh cp_async_16) removed (h0) or set to 64 or 128 bytes:
 # side by side with the baseline (L2::256B, twice: the noise floor), at s_kv 128K where kv does not
 # fit L2 and at 8-32K where it does.
 source benchmarks/experiments/hazards/ab_trees.sh

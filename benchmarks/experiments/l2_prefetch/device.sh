@@ -1,8 +1,6 @@
 # Experiment 68 on the GPU machine, from the repository root, carrying .abcache, after
-#   rm -rf .abcache/{base,pf2,pf1} && mkdir -p .abcache/{base,pf2,pf1}
-#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
-#   tar -c include python pyproject.toml | tar -x -C .abcache/pf2   # and .abcache/pf1, PREFETCH_PAIRS = 1
-# here, HEAD the commit before the change: the L2 prefetch of the rows 2 (pf2) or 1 (pf1) pairs
+# `make_trees pf2 pf1` (hazards/ab_trees.sh) here, with l2_prefetch.patch applied and PREFETCH_PAIRS
+# then set to 1 in .abcache/pf1, HEAD the commit before the change: the L2 prefetch of the rows 2 (pf2) or 1 (pf1) pairs
 # ahead, side by side with the baseline (twice: the noise floor), at s_kv 128K where kv does not fit
 # L2 and at 8-32K where it does; then the baseline's kernel timeline of token-grouped calls.
 source benchmarks/experiments/hazards/ab_trees.sh

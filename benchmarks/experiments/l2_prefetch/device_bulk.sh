@@ -1,7 +1,6 @@
 # Experiment 68b on the GPU machine, from the repository root, carrying .abcache, after
-#   for v in base bulk2 bulk3; do rm -rf .abcache/$v; mkdir -p .abcache/$v; done
-#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
-# and l2_prefetch_bulk.patch applied in .abcache/bulk2 (PREFETCH_PAIRS = 2) and .abcache/bulk3 (3):
+# `make_trees bulk2 bulk3` (hazards/ab_trees.sh) here with l2_prefetch_bulk.patch applied, then
+# PREFETCH_PAIRS set to 3 in .abcache/bulk3:
 # the rows ahead asked of L2 by the TMA unit (one bulk prefetch a row), side by side with the baseline.
 source benchmarks/experiments/hazards/ab_trees.sh
 build_2048 base bulk2 bulk3

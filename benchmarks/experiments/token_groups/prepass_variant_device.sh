@@ -1,9 +1,6 @@
 # A pre-pass change on the GPU machine (`bash prepass_variant_device.sh NAME`), from the repository
-# root, carrying .abcache, after
-#   rm -rf .abcache/base .abcache/NAME && mkdir -p .abcache/base .abcache/NAME
-#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
-#   tar -c include python tests pyproject.toml | tar -x -C .abcache/NAME
-# here, HEAD the commit before the change and the working tree with it: the pre-pass of both side by
+# root, carrying .abcache, after `make_trees NAME` (hazards/ab_trees.sh) here, HEAD the commit
+# before the change and the working tree with it: the pre-pass of both side by
 # side with their lists compared, whole calls, then the changed tree's tests/gpu. Experiment 71 ran it
 # as NAME=pp with indices_prefetch.patch.
 V=${1:?give the variant a name}
