@@ -181,10 +181,14 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
                            : p.topk_length == nullptr ? TOPK
                                                       : min(max(__ldg(p.topk_length + token), 0), TOPK);
   }
+  // Whether the thread's row i of 32 slots lies inside TOPK: always where the warps' rows tile TOPK
+  // exactly (topk 2048), which ptxas cannot tell from the thread index.
+  constexpr bool ROWS_TILE_TOPK = WARP_ROWS * 32 * WARPS == TOPK;
+  const auto in_topk = [&](int i) { return ROWS_TILE_TOPK || first_slot + 32 * i < TOPK; };
   // Token t's slots of this thread (-1 past its slots).
   const auto load_token = [&](int32_t(&to)[WARP_ROWS], int t) {
 #pragma unroll
-    for (int i = 0; i < WARP_ROWS; ++i) to[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + t * TOPK + 32 * i) : -1;
+    for (int i = 0; i < WARP_ROWS; ++i) to[i] = in_topk(i) ? __ldg(group_in + t * TOPK + 32 * i) : -1;
   };
 
   // Per chunk of kv rows (one, unless s_kv > map_capacity): the rounds, then the entries the chunk's
@@ -202,13 +206,14 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     NewBits made = 0;
     for (int t = 0; t < tokens; ++t) {
       const int length = lengths[t];
+      const int32_t* next_in = group_in + (t + 1 < tokens ? t + 1 : 0) * TOPK;
       uint32_t duplicate = 0, count = 0;
 #pragma unroll
       for (int i = 0; i < WARP_ROWS; ++i) {
         // Branch-free, so that the atomics issue back to back: a slot that is not valid, or whose
         // row lies outside the chunk, ORs 0 into its lane's own word (no two lanes on one word).
         const int32_t key = index[i];
-        const bool valid = first_slot + 32 * i < length && key >= 0 && key < p.s_kv;
+        const bool valid = first_slot + 32 * i < length && static_cast<uint32_t>(key) < static_cast<uint32_t>(p.s_kv);
         const uint32_t row = static_cast<uint32_t>(key) - chunk, shift = MAP_BITS * (row % WORD_ROWS);
         const bool in = valid && row < map_rows;
         const uint32_t bits = in ? (1u << t) << shift : 0u;
@@ -216,8 +221,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         duplicate |= old & bits;
         // The register is free: the next token's slot of this row (after the last, token 0's, for the
         // list), in flight during the round's rest.
-        const int next = t + 1 < tokens ? t + 1 : 0;
-        index[i] = first_slot + 32 * i < TOPK ? __ldg(group_in + next * TOPK + 32 * i) : -1;
+        index[i] = in_topk(i) ? __ldg(next_in + 32 * i) : -1;
         const bool makes = in && ((old >> shift) & OWNER_MASK) == 0;  // no token before t selected the row
         made |= static_cast<NewBits>(makes) << (t * WARP_ROWS + i);
         count += static_cast<uint32_t>(makes) | (chunk == 0 && valid ? 1u << 16 : 0u);
