@@ -1,5 +1,6 @@
 # The working tree's change against HEAD, side by side on the GPU machine (from the repository root,
-# after prepare.sh here; carry .abcache): grouped calls, the wide tile with per-row topk_length
+# after `make_trees e66` (../hazards/ab_trees.sh) here; carry .abcache): grouped calls, the wide tile
+# with per-row topk_length
 # (where a unit's last pair often holds one block), the controls; then the changed tree's tests/gpu.
 source benchmarks/experiments/hazards/ab_trees.sh
 ab_trees e66

@@ -1,8 +1,6 @@
-# Experiment 67 on the GPU machine (from the repository root, carrying .abcache, after
-#   rm -rf .abcache/base .abcache/e67 && mkdir -p .abcache/base .abcache/e67
-#   git archive HEAD include python pyproject.toml | tar -x -C .abcache/base
-#   tar -c include python tests pyproject.toml | tar -x -C .abcache/e67
-# here, HEAD the commit before the change and the working tree with it): the pre-pass of both side by
+# Experiment 67 on the GPU machine (from the repository root, carrying .abcache, after `make_trees
+# e67` (../hazards/ab_trees.sh) here, HEAD the commit before the change and the working tree with
+# it): the pre-pass of both side by
 # side with their lists compared, whole calls, then the changed tree's tests/gpu.
 source benchmarks/experiments/hazards/ab_trees.sh
 ab_trees e67
