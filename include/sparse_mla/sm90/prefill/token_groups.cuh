@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   // Per chunk of kv rows (one, unless s_kv > map_capacity): the rounds, then the entries the chunk's
   // slots made appended to the list, each with its owner bits from the map (Experiment 52 of
   // benchmarks/notes/2026-12-01.md: at 8K-32K a fifth less time than three passes over the slots).
-  const int64_t list = static_cast<int64_t>(blockIdx.x) * slots;
-  uint32_t entries = 0, group_valid_slots = 0;
+  int32_t* const group_list = p.group_indices + static_cast<int64_t>(blockIdx.x) * slots;
+  // Entries 0 .. first_common - 1 (the first chunk's common ones) are every token's.
+  uint32_t entries = 0, group_valid_slots = 0, first_common = 0;
   bool pays = true;
   // The thread's slots of the token whose round is next; after the rounds, token 0's again.
   int32_t index[WARP_ROWS];
@@ -294,6 +295,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     }
     const uint32_t common_before = __shfl_sync(0xffffffffu, common_scan - common_count, warp);
     const uint32_t all_common = __shfl_sync(0xffffffffu, common_scan, WARPS - 1);
+    if (chunk == 0) first_common = all_common;
     // Token t's entries: the slots of its rows that made one, placed by ballots in the order of
     // first occurrence; key_of(i, makes) is the kv row of the thread's slot of row i.
     const auto list_token = [&](int t, auto key_of) {
@@ -310,7 +312,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         if (makes) {
           const uint32_t below = (1u << lane) - 1;
           const uint32_t at = owners == everyone ? at_common + __popc(common_ballot & below) : at_rest + __popc(rest_ballot & below);
-          p.group_indices[list + at] = key;
+          group_list[at] = key;
           entry_owner[at] = static_cast<uint8_t>(owners);
         }
         at_common += __popc(common_ballot);
@@ -335,8 +337,9 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         if (t < tokens) list_token(t, [&](int i, bool) { return later[t - 1][i]; });
       }
     } else {
-      for (int t = 0; t < tokens; ++t) {
-        list_token(t, [&](int i, bool makes) { return t == 0 ? index[i] : makes ? __ldg(group_in + t * TOPK + 32 * i) : 0; });
+      list_token(0, [&](int i, bool) { return index[i]; });
+      for (int t = 1; t < tokens; ++t) {
+        list_token(t, [&](int i, bool makes) { return makes ? __ldg(group_in + t * TOPK + 32 * i) : 0; });
       }
     }
     __syncthreads();  // the map is read: the next chunk may clear it
@@ -345,10 +348,15 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   if (!pays) return;  // its tokens run one by one: no list is read
 
   // The owner bits transposed, block by block: token t's mask is a ballot of bit t over the block's
-  // entries (0 past the list, up to the end of its last pair).
+  // entries (0 past the list, up to the end of its last pair); a block of common entries alone (most
+  // of them, at realistic overlap) is every token's.
   uint64_t* masks = p.group_masks + static_cast<int64_t>(blockIdx.x) * group_mask_blocks(slots) * group_size;
   const int list_blocks = group_mask_blocks(static_cast<int>(entries));
   for (int block = warp; block < list_blocks; block += WARPS) {
+    if ((block + 1) * B_TOPK <= static_cast<int>(first_common)) {  // warp-uniform
+      if (lane < group_size) masks[block * group_size + lane] = lane < tokens ? ~0ull : 0ull;
+      continue;
+    }
     const uint32_t entry = block * B_TOPK + lane;
     const uint32_t low = entry < entries ? entry_owner[entry] : 0u, high = entry + 32 < entries ? entry_owner[entry + 32] : 0u;
     uint64_t mask = 0;
