@@ -1,8 +1,9 @@
 # The groups-of-two pre-pass (prefill_kernel_token_groups_of_two) beside its base, on the GPU
 # machine (`bash groups_of_two_device.sh`, from the repository root, carrying .whl and .abcache). The
 # trees, made here with HEAD the base (../hazards/ab_trees.sh): `make_trees lean`, or other names
-# given in VARIANTS (default: lean). The pre-pass of each with their lists compared (the base twice; groups of 4 and 8 as controls: their kernels did
-# not change), then whole calls.
+# given in VARIANTS (default: lean). The pre-pass of each with their lists compared (the base twice;
+# groups of 4 and 8 as controls: their kernels did not change), then whole calls. Experiment 76 ran it
+# with VARIANTS="lean lean4" (its trimmed form at three and at four CTAs an SM).
 source benchmarks/experiments/hazards/ab_trees.sh
 VARIANTS=${VARIANTS:-lean}
 build_2048 base $VARIANTS
