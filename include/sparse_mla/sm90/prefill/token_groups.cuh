@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
 // masks are bitwise those of prefill_kernel_token_groups wherever its map holds the kv rows in one
 // chunk (pair_bitmaps_fit), in 28-39% less time at topk 2048 where groups pay (s_kv 8K-128K; ncu at
 // 8K: ~865 instructions a thread in that kernel, of which its rounds took 260, its list pass 285 and
-// its masks 142, against ~605 in this one's first form; Experiment 75 of
+// its masks 142, against ~605 in this one's first form; Experiment 76 of
 // benchmarks/notes/2026-12-02.md). Where no group pays (uniform selections) it is ~1 us slower: it
 // classifies every slot before it knows.
 // Words of one token's bitmap: every kv row, rounded up to whole 16-byte vectors and to at least 32
@@ -400,8 +400,8 @@ __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
   return group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
 }
 
-// Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows it up to s_kv
-// ~400K): 4% faster than three at s_kv 8K-128K, where the loads' latency is what a CTA waits for.
+// Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
+// ~229K): 4% faster than three at s_kv 8K-128K, where the loads' latency is what a CTA waits for.
 template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4 : 2))
     prefill_kernel_token_groups_of_two(const __grid_constant__ TokenGroupParams p) {
