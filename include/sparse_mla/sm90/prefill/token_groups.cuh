@@ -394,10 +394,13 @@ __host__ __device__ constexpr int pair_shared_bytes(int s_kv) {
   return (2 * pair_bitmap_words(s_kv) + 2 * (GROUP_THREADS / 32)) * 4;
 }
 // Where the groups-of-two pre-pass runs: groups of two whose kv rows prefill_kernel_token_groups's
-// map holds in one chunk (so that the two kernels' lists are the same).
+// map holds in one chunk (so that the two kernels' lists are the same), up to topk 4096: a thread
+// holds both tokens' slots in registers, and at topk 8192 (32 of them) the kernel would spill.
+template <int TOPK>
+constexpr bool PAIR_KERNEL = GROUP_WARP_ROWS<TOPK> <= 8;
 template <int TOPK>
 __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
-  return group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
+  return PAIR_KERNEL<TOPK> && group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
 }
 
 // Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
@@ -406,7 +409,7 @@ template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4 : 2))
     prefill_kernel_token_groups_of_two(const __grid_constant__ TokenGroupParams p) {
   constexpr int WARPS = GROUP_THREADS / 32, WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
-  static_assert(2 * WARP_ROWS <= 32, "a thread's slots' kinds fit a word");
+  static_assert(PAIR_KERNEL<TOPK>, "a thread's slots fit its registers, their kinds a word");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const uint32_t words = pair_bitmap_words(p.s_kv);
   extern __shared__ __align__(16) uint32_t bitmap_words[];
@@ -543,13 +546,15 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
   if constexpr (max_group_size(TOPK) < 2) {
     return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
   } else {
-    if (pair_bitmaps_fit<TOPK>(p.group_size, p.s_kv)) {
-      const int smem_bytes = pair_shared_bytes(p.s_kv);
-      cudaError_t err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-      if (err != cudaSuccess) return err;
-      prefill_kernel_token_groups_of_two<TOPK><<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
-      return cudaGetLastError();
+    if constexpr (PAIR_KERNEL<TOPK>) {
+      if (pair_bitmaps_fit<TOPK>(p.group_size, p.s_kv)) {
+        const int smem_bytes = pair_shared_bytes(p.s_kv);
+        cudaError_t err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+        if (err != cudaSuccess) return err;
+        prefill_kernel_token_groups_of_two<TOPK><<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
+        return cudaGetLastError();
+      }
     }
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
     const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits);
