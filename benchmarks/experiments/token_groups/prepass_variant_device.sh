@@ -3,7 +3,7 @@
 # before the change and the working tree with it: the pre-pass of both side by
 # side with their lists compared, whole calls, then the changed tree's tests/gpu. `CASES` (as
 # prepass_ab.py takes them, pattern:s_kv:h_q,...) replaces the pre-pass's cases. Experiment 71 ran it
-# as NAME=pp with indices_prefetch.patch, 72 as trim, 74 as full with its own CASES.
+# as NAME=pp with indices_prefetch.patch, 72 as trim, 74 as full with its own CASES, 77 as mt.
 V=${1:?give the variant a name}
 source benchmarks/experiments/hazards/ab_trees.sh
 ab_trees $V

@@ -109,6 +109,25 @@ __host__ __device__ constexpr int group_threads(int group_size, int s_kv, int bi
 // The call's groups: one CTA each.
 __host__ __device__ __forceinline__ int num_groups(const TokenGroupParams& p) { return num_groups_of(p.s_q, p.group_size); }
 
+// The sum of `value` over lanes 0 .. this lane, of the first LANES lanes (a power of 2).
+template <int LANES>
+__device__ __forceinline__ uint32_t inclusive_lane_scan(uint32_t value) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < LANES; d *= 2) {
+    const uint32_t from = __shfl_up_sync(0xffffffffu, value, d);
+    if (lane >= d) value += from;
+  }
+  return value;
+}
+// Lane w < WARPS holding warp w's count: the counts of the warps before `warp` (x), and of all (y),
+// in every lane.
+template <int WARPS>
+__device__ __forceinline__ uint2 scan_warp_counts(uint32_t count, int warp) {
+  const uint32_t scan = inclusive_lane_scan<WARPS>(count);
+  return make_uint2(__shfl_sync(0xffffffffu, scan - count, warp), __shfl_sync(0xffffffffu, scan, WARPS - 1));
+}
+
 // Group blockIdx.x's length (-1: it runs token by token), and the group, or its tokens, appended to
 // the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
 // error; the bounds keep it from writing outside the lists.)
@@ -248,12 +267,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         c[k] = at < tokens * WARPS ? counts[at] : 0u;
         sum += c[k];
       }
-      uint32_t scan = sum;  // inclusive, over the lanes
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const uint32_t from = __shfl_up_sync(0xffffffffu, scan, d);
-        if (lane >= d) scan += from;
-      }
+      const uint32_t scan = inclusive_lane_scan<32>(sum);
       uint32_t at = scan - sum;
 #pragma unroll
       for (int k = 0; k < PER_LANE; ++k) {
@@ -286,15 +300,8 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     if (lane == 0) common_counts[warp] = common;
     __syncthreads();
     // Every warp scans the warps' counts of common entries itself.
-    const uint32_t common_count = lane < WARPS ? common_counts[lane] : 0u;
-    uint32_t common_scan = common_count;  // inclusive
-#pragma unroll
-    for (int d = 1; d < WARPS; d *= 2) {
-      const uint32_t from = __shfl_up_sync(0xffffffffu, common_scan, d);
-      if (lane >= d) common_scan += from;
-    }
-    const uint32_t common_before = __shfl_sync(0xffffffffu, common_scan - common_count, warp);
-    const uint32_t all_common = __shfl_sync(0xffffffffu, common_scan, WARPS - 1);
+    const uint2 common_scan = scan_warp_counts<WARPS>(lane < WARPS ? common_counts[lane] : 0u, warp);
+    const uint32_t common_before = common_scan.x, all_common = common_scan.y;
     if (chunk == 0) first_common = all_common;
     // Token t's entries: the slots of its rows that made one, placed by ballots in the order of
     // first occurrence; key_of(i, makes) is the kv row of the thread's slot of row i.
@@ -393,14 +400,15 @@ __host__ __device__ constexpr int pair_bitmap_words(int s_kv) {
 __host__ __device__ constexpr int pair_shared_bytes(int s_kv) {
   return (2 * pair_bitmap_words(s_kv) + 2 * (GROUP_THREADS / 32)) * 4;
 }
-// Where the groups-of-two pre-pass runs: groups of two whose kv rows prefill_kernel_token_groups's
-// map holds in one chunk (so that the two kernels' lists are the same), up to topk 4096: a thread
-// holds both tokens' slots in registers, and at topk 8192 (32 of them) the kernel would spill.
+// The groups-of-two pre-pass is built up to topk 4096: a thread holds both tokens' slots in
+// registers, and at topk 8192 (32 of them) the kernel would spill.
 template <int TOPK>
 constexpr bool PAIR_KERNEL = GROUP_WARP_ROWS<TOPK> <= 8;
+// Where it runs: groups of two whose kv rows prefill_kernel_token_groups's map holds in one chunk
+// (so that the two kernels' lists are the same).
 template <int TOPK>
 __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
-  return PAIR_KERNEL<TOPK> && group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
+  return group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
 }
 
 // Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
@@ -486,15 +494,9 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
   uint32_t before[2], total[2];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const uint32_t count = lane < WARPS ? warp_counts[c * WARPS + lane] : 0u;
-    uint32_t scan = count;  // inclusive
-#pragma unroll
-    for (int d = 1; d < WARPS; d *= 2) {
-      const uint32_t from = __shfl_up_sync(0xffffffffu, scan, d);
-      if (lane >= d) scan += from;
-    }
-    before[c] = __shfl_sync(0xffffffffu, scan - count, warp);
-    total[c] = __shfl_sync(0xffffffffu, scan, WARPS - 1);
+    const uint2 scan = scan_warp_counts<WARPS>(lane < WARPS ? warp_counts[c * WARPS + lane] : 0u, warp);
+    before[c] = scan.x;
+    total[c] = scan.y;
   }
   const uint32_t common = total[0] & 0xffffu, own0_end = common + (total[0] >> 16);
   const uint32_t entries = own0_end + (total[1] & 0xffffu), valid_slots = total[1] >> 16;
