@@ -49,6 +49,12 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw);
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
+  // The grouped launch reads the pre-pass's lists: it waits for that grid (launch.cuh), then lets the
+  // launch behind it start on the SMs its CTAs leave.
+  if constexpr (TILE == Tile::kGrouped) {
+    wait_for_grid_ahead();
+    allow_dependent_grid();
+  }
   const int head_blocks = num_head_blocks(params);
   const int n_units = num_launch_units<TILE>(params);
 
@@ -103,6 +109,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       }
     }
   }
+  // A token-grouped call's launch of the tokens that run one by one starts beside the grouped launch:
+  // it finishes after it, so that the call's outputs are all written when the caller's next kernel
+  // starts.
+  if constexpr (TILE != Tile::kGrouped) wait_for_grid_ahead();
 #endif
 }
 

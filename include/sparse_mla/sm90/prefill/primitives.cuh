@@ -16,6 +16,13 @@ namespace sparse_mla::sm90::prefill {
 
 using cutlass::arch::ClusterBarrier;
 
+// Programmatic dependent launch (a token-grouped call's launches, launch.cuh). A grid launched with
+// programmatic stream serialization may start once every CTA of the grid ahead of it in the stream
+// has called allow_dependent_grid() or exited; wait_for_grid_ahead() blocks the thread until that grid
+// has completed and its writes are visible. In a grid launched without it, both do nothing.
+__device__ __forceinline__ void allow_dependent_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_grid_ahead() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

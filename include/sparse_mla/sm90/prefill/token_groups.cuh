@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -132,6 +133,7 @@ __device__ __forceinline__ uint2 scan_warp_counts(uint32_t count, int warp) {
 // the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
 // error; the bounds keep it from writing outside the lists.)
 __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t length) {
+  wait_for_grid_ahead();  // the lists' counts are zeroed by the kernel ahead (launch_token_groups)
   p.group_length[blockIdx.x] = length;
   if (length >= 0) {
     const uint32_t k = atomicAdd(p.group_units, 1);
@@ -161,6 +163,7 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
 template <int TOPK, int MAP_BITS, int THREADS>
 __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     prefill_kernel_token_groups(const __grid_constant__ TokenGroupParams p) {
+  allow_dependent_grid();  // the grouped launch waits for this grid before it reads (kernel.cuh)
   constexpr int WARPS = THREADS / 32;
   constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
   constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK, THREADS>;
@@ -416,6 +419,7 @@ __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
 template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4 : 2))
     prefill_kernel_token_groups_of_two(const __grid_constant__ TokenGroupParams p) {
+  allow_dependent_grid();  // as in prefill_kernel_token_groups
   constexpr int WARPS = GROUP_THREADS / 32, WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
   static_assert(PAIR_KERNEL<TOPK>, "a thread's slots fit its registers, their kinds a word");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -542,6 +546,26 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
   }
 }
 
+// One CTA per group, launched with programmatic stream serialization: the kernel ahead on the stream
+// is the zeroing of the unit lists' counts, which the pre-pass waits for only where it appends to
+// them (decide_group), so the launch and the pre-pass's rounds overlap it. Everything else the
+// pre-pass reads was written before that kernel began.
+template <typename Kernel>
+cudaError_t launch_after_kernel_ahead(Kernel kernel, const TokenGroupParams& p, int threads, int smem_bytes,
+                                      cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(num_groups(p)));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 // Launches the pre-pass for p.group_size * TOPK <= MAX_GROUP_SLOTS on `stream`; never synchronizes.
 template <int TOPK>
 cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) {
@@ -554,8 +578,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
         cudaError_t err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         if (err != cudaSuccess) return err;
-        prefill_kernel_token_groups_of_two<TOPK><<<num_groups(p), GROUP_THREADS, smem_bytes, stream>>>(p);
-        return cudaGetLastError();
+        return launch_after_kernel_ahead(prefill_kernel_token_groups_of_two<TOPK>, p, GROUP_THREADS, smem_bytes, stream);
       }
     }
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
@@ -569,8 +592,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
     }
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
-    kernel<<<num_groups(p), threads, smem_bytes, stream>>>(p);
-    return cudaGetLastError();
+    return launch_after_kernel_ahead(kernel, p, threads, smem_bytes, stream);
   }
 }
 
