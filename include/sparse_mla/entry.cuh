@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -159,26 +160,22 @@ void check_selections(const ffi::TensorView& indices, const ffi::Optional<ffi::T
 
 }  // namespace detail
 
-// q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
-// q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
-// out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
-// items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
-// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
-// of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
-// None. Token groups (detail::check_token_groups): with group_size > 1 (no tail split), `grouped`
-// launches the groups whose lists token_groups_fwd built (group_length >= 0), otherwise the tokens of
-// the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
+namespace detail {
+
+// prefill_fwd's checks, then the kernel's parameters (launch_prefill).
 template <int D_QK, int TOPK>
-void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
-                 ffi::TensorView q_scale, ffi::TensorView kv_scale,
-                 ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
-                 ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
-                 double sm_scale, int64_t split_begin, int64_t split_parts,
-                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
-                 int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
-                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length,
-                 ffi::Optional<ffi::TensorView> group_units, bool grouped) {
-  using detail::check_tensor;
+PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv, const ffi::TensorView& indices,
+                             const ffi::TensorView& q_scale, const ffi::TensorView& kv_scale,
+                             const ffi::Optional<ffi::TensorView>& attn_sink,
+                             const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
+                             const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale,
+                             int64_t split_begin, int64_t split_parts,
+                             const ffi::Optional<ffi::TensorView>& split_workspace,
+                             const ffi::Optional<ffi::TensorView>& split_counters, int64_t group_size,
+                             const ffi::Optional<ffi::TensorView>& group_indices,
+                             const ffi::Optional<ffi::TensorView>& group_masks,
+                             const ffi::Optional<ffi::TensorView>& group_length,
+                             const ffi::Optional<ffi::TensorView>& group_units, bool grouped) {
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "q must be a CUDA tensor";
@@ -187,18 +184,18 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   const int64_t s_q = q.size(0), h_q = q.size(1);
   check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
   const int64_t s_kv = kv.size(0);
-  detail::check_selections<TOPK>(indices, topk_length, device, s_q);
+  check_selections<TOPK>(indices, topk_length, device, s_q);
   check_tensor(q_scale, "q_scale", device, kDLFloat, 32, {1});
   check_tensor(kv_scale, "kv_scale", device, kDLFloat, 32, {1});
   check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, D_V});
   check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
   check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
-  detail::check_no_self_overlap(out, "out");
-  detail::check_no_self_overlap(max_logits, "max_logits");
-  detail::check_no_self_overlap(lse, "lse");
+  check_no_self_overlap(out, "out");
+  check_no_self_overlap(max_logits, "max_logits");
+  check_no_self_overlap(lse, "lse");
   if (attn_sink.has_value()) {
     check_tensor(*attn_sink, "attn_sink", device, kDLFloat, 32, {h_q});
-    detail::check_contiguous(*attn_sink, "attn_sink");
+    check_contiguous(*attn_sink, "attn_sink");
   }
   // The kernel counts work items (query token, 64-head block) and units in int, with room for its
   // CTA stride.
@@ -220,65 +217,129 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
   }
   if (split) {
     check_tensor(*split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
-    detail::check_contiguous(*split_workspace, "split_workspace");
-    if (reinterpret_cast<uintptr_t>(detail::data_of<float>(*split_workspace)) % 16 != 0) {
+    check_contiguous(*split_workspace, "split_workspace");
+    if (reinterpret_cast<uintptr_t>(data_of<float>(*split_workspace)) % 16 != 0) {
       TVM_FFI_THROW(ValueError) << "split_workspace must start at a 16-byte boundary (the merge moves float4s)";
     }
     check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
-    detail::check_contiguous(*split_counters, "split_counters");
+    check_contiguous(*split_counters, "split_counters");
   }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
+  check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
   if ((group_size > 1 && split) || (grouped && group_size == 1)) {
     TVM_FFI_THROW(ValueError) << "token groups run without a tail split, and a grouped launch needs groups";
   }
-  detail::check_aligned_rows(q, "q");
-  detail::check_aligned_rows(kv, "kv");
-  if (s_q == 0) return;
+  check_aligned_rows(q, "q");
+  check_aligned_rows(kv, "kv");
 
   PrefillParams params{};
   params.s_q = static_cast<int>(s_q);
   params.s_kv = static_cast<int>(s_kv);
   params.h_q = static_cast<int>(h_q);
-  params.q = detail::data_of<const fp8_e4m3>(q);
+  params.q = data_of<const fp8_e4m3>(q);
   params.q_stride_s = q.stride(0);
   params.q_stride_h = q.stride(1);
-  params.kv = detail::data_of<const fp8_e4m3>(kv);
+  params.kv = data_of<const fp8_e4m3>(kv);
   params.kv_stride_s = kv.stride(0);
-  params.indices = detail::data_of<const int32_t>(indices);
+  params.indices = data_of<const int32_t>(indices);
   params.topk_length =
-      topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
-  params.attn_sink = attn_sink.has_value() ? detail::data_of<const float>(*attn_sink) : nullptr;
-  params.q_scale = detail::data_of<const float>(q_scale);
-  params.kv_scale = detail::data_of<const float>(kv_scale);
+      topk_length.has_value() ? data_of<const int32_t>(*topk_length) : nullptr;
+  params.attn_sink = attn_sink.has_value() ? data_of<const float>(*attn_sink) : nullptr;
+  params.q_scale = data_of<const float>(q_scale);
+  params.kv_scale = data_of<const float>(kv_scale);
   params.sm_scale = sm_scale;
-  params.out = detail::data_of<bf16>(out);
+  params.out = data_of<bf16>(out);
   params.out_stride_s = out.stride(0);
   params.out_stride_h = out.stride(1);
-  params.max_logits = detail::data_of<float>(max_logits);
+  params.max_logits = data_of<float>(max_logits);
   params.max_logits_stride_s = max_logits.stride(0);
   params.max_logits_stride_h = max_logits.stride(1);
-  params.lse = detail::data_of<float>(lse);
+  params.lse = data_of<float>(lse);
   params.lse_stride_s = lse.stride(0);
   params.lse_stride_h = lse.stride(1);
   params.split_begin = static_cast<int>(split_begin);
   params.split_parts = static_cast<int>(split_parts);
-  params.split_workspace = split ? detail::data_of<float>(*split_workspace) : nullptr;
-  params.split_counters = split ? detail::data_of<int32_t>(*split_counters) : nullptr;
+  params.split_workspace = split ? data_of<float>(*split_workspace) : nullptr;
+  params.split_counters = split ? data_of<int32_t>(*split_counters) : nullptr;
   params.group_size = static_cast<int>(group_size);
-  params.group_indices = group_size > 1 ? detail::data_of<const int32_t>(*group_indices) : nullptr;
-  params.group_masks = group_size > 1 ? detail::data_of<const uint64_t>(*group_masks) : nullptr;
-  params.group_length = group_size > 1 ? detail::data_of<const int32_t>(*group_length) : nullptr;
-  params.group_units = group_size > 1 ? detail::data_of<const int32_t>(*group_units) : nullptr;
-
-  ffi::CUDADeviceGuard device_guard(device.device_id);
-  auto stream =
-      static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
-  cudaError_t status = sm90::launch_prefill<D_QK, TOPK>(params, grouped, stream);
-  if (status != cudaSuccess) {
-    TVM_FFI_THROW(RuntimeError) << "sparse_mla prefill kernel launch failed: "
-                                << cudaGetErrorString(status);
-  }
+  params.group_indices = group_size > 1 ? data_of<const int32_t>(*group_indices) : nullptr;
+  params.group_masks = group_size > 1 ? data_of<const uint64_t>(*group_masks) : nullptr;
+  params.group_length = group_size > 1 ? data_of<const int32_t>(*group_length) : nullptr;
+  params.group_units = group_size > 1 ? data_of<const int32_t>(*group_units) : nullptr;
+  return params;
 }
+
+// The caller's current stream on q's device, as tvm-ffi took it from torch.
+inline cudaStream_t current_stream(const DLDevice& device) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+}
+
+inline void check_launch(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) TVM_FFI_THROW(RuntimeError) << "sparse_mla " << what << " launch failed: " << cudaGetErrorString(status);
+}
+
+}  // namespace detail
+
+// q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
+// q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
+// out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
+// items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
+// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
+// of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
+// None. Token groups (detail::check_token_groups): with group_size > 1 (no tail split), `grouped`
+// launches the groups whose lists token_groups_fwd built (group_length >= 0), otherwise the tokens of
+// the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
+template <int D_QK, int TOPK>
+void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
+                 ffi::TensorView q_scale, ffi::TensorView kv_scale,
+                 ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
+                 ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
+                 double sm_scale, int64_t split_begin, int64_t split_parts,
+                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
+                 int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
+                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length,
+                 ffi::Optional<ffi::TensorView> group_units, bool grouped) {
+  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(
+      q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, split_begin,
+      split_parts, split_workspace, split_counters, group_size, group_indices, group_masks, group_length, group_units,
+      grouped);
+  if (params.s_q == 0) return;
+  ffi::CUDADeviceGuard device_guard(q.device().device_id);
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, grouped, detail::current_stream(q.device())),
+                       "prefill kernel");
+}
+
+namespace detail {
+
+// token_groups_fwd's checks, then the pre-pass's parameters (launch_token_groups).
+template <int TOPK>
+TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::Optional<ffi::TensorView>& topk_length,
+                                    int64_t s_kv, int64_t h_q, int64_t group_size, double max_union_ratio,
+                                    const ffi::TensorView& group_indices, const ffi::TensorView& group_masks,
+                                    const ffi::TensorView& group_length, const ffi::TensorView& group_units) {
+  const DLDevice device = indices.device();
+  if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
+  check_selections<TOPK>(indices, topk_length, device, -1);
+  const int64_t s_q = indices.size(0);
+  if (group_size < 2 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || !(max_union_ratio >= 0)) {
+    TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
+                              << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
+  }
+  check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
+  TokenGroupParams params{};
+  params.s_q = static_cast<int>(s_q);
+  params.s_kv = static_cast<int>(s_kv);
+  params.group_size = static_cast<int>(group_size);
+  params.indices = data_of<const int32_t>(indices);
+  params.topk_length = topk_length.has_value() ? data_of<const int32_t>(*topk_length) : nullptr;
+  params.max_union_ratio = static_cast<float>(max_union_ratio);
+  params.group_indices = data_of<int32_t>(group_indices);
+  params.group_masks = data_of<uint64_t>(group_masks);
+  params.group_length = data_of<int32_t>(group_length);
+  params.group_units = data_of<int32_t>(group_units);
+  return params;
+}
+
+}  // namespace detail
 
 // The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
 // int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
@@ -290,34 +351,42 @@ template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
                       ffi::TensorView group_masks, ffi::TensorView group_length, ffi::TensorView group_units) {
-  const DLDevice device = indices.device();
-  if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
-  detail::check_selections<TOPK>(indices, topk_length, device, -1);
-  const int64_t s_q = indices.size(0);
-  if (group_size < 2 || s_kv < 1 || s_kv > INT32_MAX || s_q > INT32_MAX || !(max_union_ratio >= 0)) {
-    TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
-                              << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
-  }
-  detail::check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length,
-                                   group_units);
-  if (s_q == 0) return;
-  TokenGroupParams params{};
-  params.s_q = static_cast<int>(s_q);
-  params.s_kv = static_cast<int>(s_kv);
-  params.group_size = static_cast<int>(group_size);
-  params.indices = detail::data_of<const int32_t>(indices);
-  params.topk_length = topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
-  params.max_union_ratio = static_cast<float>(max_union_ratio);
-  params.group_indices = detail::data_of<int32_t>(group_indices);
-  params.group_masks = detail::data_of<uint64_t>(group_masks);
-  params.group_length = detail::data_of<int32_t>(group_length);
-  params.group_units = detail::data_of<int32_t>(group_units);
-  ffi::CUDADeviceGuard device_guard(device.device_id);
-  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
-  cudaError_t status = sm90::prefill::launch_token_groups<TOPK>(params, stream);
-  if (status != cudaSuccess) {
-    TVM_FFI_THROW(RuntimeError) << "sparse_mla token-group kernel launch failed: " << cudaGetErrorString(status);
-  }
+  const TokenGroupParams params = detail::token_group_params<TOPK>(
+      indices, topk_length, s_kv, h_q, group_size, max_union_ratio, group_indices, group_masks, group_length,
+      group_units);
+  if (params.s_q == 0) return;
+  ffi::CUDADeviceGuard device_guard(indices.device().device_id);
+  detail::check_launch(sm90::prefill::launch_token_groups<TOPK>(params, detail::current_stream(indices.device())),
+                       "token-group kernel");
+}
+
+// A token-grouped call in one crossing of the FFI (a crossing costs the caller's CPU ~10 us): the
+// pre-pass (token_groups_fwd) into the lists, then the grouped launch and the launch of the other
+// groups' tokens (prefill_fwd with `grouped` true, then false), with no tail split. Every argument is
+// checked before the first launch.
+template <int D_QK, int TOPK>
+void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
+                              ffi::TensorView q_scale, ffi::TensorView kv_scale,
+                              ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
+                              ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
+                              int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
+                              ffi::TensorView group_masks, ffi::TensorView group_length,
+                              ffi::TensorView group_units) {
+  // The split fields of a call without a tail split: split_begin is the work items' count, which
+  // prefill_params checks against q's shape (it rejects a q whose shape this reads wrongly).
+  const int64_t items = q.ndim() == 3 ? q.size(0) * ((q.size(1) + 63) / 64) : -1;
+  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(
+      q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, items, 1,
+      std::nullopt, std::nullopt, group_size, group_indices, group_masks, group_length, group_units, true);
+  const TokenGroupParams groups = detail::token_group_params<TOPK>(
+      indices, topk_length, kv.size(0), q.size(1), group_size, max_union_ratio, group_indices, group_masks,
+      group_length, group_units);
+  if (params.s_q == 0) return;
+  ffi::CUDADeviceGuard device_guard(q.device().device_id);
+  const cudaStream_t stream = detail::current_stream(q.device());
+  detail::check_launch(sm90::prefill::launch_token_groups<TOPK>(groups, stream), "token-group kernel");
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, true, stream), "prefill kernel");
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, stream), "prefill kernel");
 }
 
 }  // namespace sparse_mla

@@ -22,7 +22,7 @@ import torch
 
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
-from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
+from sparse_mla.jit.key import GROUPED_CALL_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
 __all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan", "token_group_lists"]
@@ -216,17 +216,13 @@ def _scalar(scale: torch.Tensor) -> torch.Tensor:
 def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
                          sm_scale: float, group: int, every_group: bool) -> None:
     """The pre-pass, then the grouped launch and the launch of the other groups' tokens, without a tail
-    split. The lists are per call, from torch's caching allocator on the current stream (CUDA-graph
-    safe)."""
+    split, in one call into the module. The lists are per call, from torch's caching allocator on the
+    current stream (CUDA-graph safe)."""
     s_q, h_q, _ = q.shape
     lists = token_group_lists(q.device, s_q, group, indices.shape[2])
     ratio = float("inf") if every_group else max_union_ratio(h_q)
-    getattr(module, TOKEN_GROUPS_FUNCTION)(indices, topk_length, kv.shape[0], h_q, group, ratio, *lists)
-    for grouped in (True, False):
-        getattr(module, ENTRY_FUNCTION)(
-            q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length, out, max_logits, lse,
-            sm_scale, s_q, 1, None, None, group, *lists, grouped,
-        )
+    getattr(module, GROUPED_CALL_FUNCTION)(q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length,
+                                           out, max_logits, lse, sm_scale, group, ratio, *lists)
 
 
 def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 import sparse_mla.launch as launch
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.testing import PRESETS, interleaved_median_ms, make_inputs, poisoned_outputs, realistic_indices
 
 CASES = {
@@ -44,7 +45,7 @@ def grouped_share(inputs: dict, h_q: int, ratio: float) -> float:
     group = launch.group_size(h_q, topk)
     lists = launch.token_group_lists(inputs["q"].device, s_q, group, topk)
     module = launch.get_module(launch._kernel_key(inputs["q"].shape[2], topk))
-    getattr(module, launch.TOKEN_GROUPS_FUNCTION)(inputs["indices"], None, inputs["kv"].shape[0], h_q, group, ratio,
+    getattr(module, TOKEN_GROUPS_FUNCTION)(inputs["indices"], None, inputs["kv"].shape[0], h_q, group, ratio,
                                                   *lists)
     return (lists[2] >= 0).float().mean().item()
 

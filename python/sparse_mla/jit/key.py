@@ -15,6 +15,7 @@ SUPPORTED_ARCHS = ("sm90a",)
 # Names the module exports (see generated_source); the loader calls them by these names.
 ENTRY_FUNCTION = "prefill_fwd"
 TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass (sm90/prefill/token_groups.cuh)
+GROUPED_CALL_FUNCTION = "prefill_token_groups_fwd"  # a token-grouped call: the pre-pass and both launches
 KEY_FUNCTION = "kernel_key"
 
 
@@ -54,10 +55,12 @@ def generated_source(key: KernelKey) -> str:
 namespace {{
 constexpr auto prefill_fwd = &sparse_mla::prefill_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto token_groups_fwd = &sparse_mla::token_groups_fwd<{key.topk}>;
+constexpr auto prefill_token_groups_fwd = &sparse_mla::prefill_token_groups_fwd<{key.d_qk}, {key.topk}>;
 tvm::ffi::String kernel_key() {{ return "{key.name}"; }}
 }}  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({ENTRY_FUNCTION}, prefill_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({TOKEN_GROUPS_FUNCTION}, token_groups_fwd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({GROUPED_CALL_FUNCTION}, prefill_token_groups_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({KEY_FUNCTION}, kernel_key);
 """
