@@ -101,10 +101,14 @@ __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
 }
 
 // Threads of the pre-pass's CTAs: WIDE_GROUP_THREADS where the byte map leaves an SM one CTA of 512
-// (benchmarks/notes/2026-12-01.md, Experiment 59); a packed map (bits 2, 4) leaves it three.
+// (benchmarks/notes/2026-12-01.md, Experiment 59), or where the call has at most one group an SM
+// (`one_wave`: a short call, whose SMs get one CTA each whatever the map); a packed map (bits 2, 4)
+// leaves an SM three.
 template <int TOPK>
-__host__ __device__ constexpr int group_threads(int group_size, int s_kv, int bits) {
-  return bits == 8 && ctas_per_sm(group_cta_bytes<TOPK>(group_size, s_kv, bits)) < 2 ? WIDE_GROUP_THREADS : GROUP_THREADS;
+__host__ __device__ constexpr int group_threads(int group_size, int s_kv, int bits, bool one_wave) {
+  return bits == 8 && (one_wave || ctas_per_sm(group_cta_bytes<TOPK>(group_size, s_kv, bits)) < 2)
+             ? WIDE_GROUP_THREADS
+             : GROUP_THREADS;
 }
 
 // The call's groups: one CTA each.
@@ -582,7 +586,11 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
       }
     }
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
-    const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits);
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits, num_groups(p) <= sms);
     const int smem_bytes = group_cta_bytes<TOPK>(p.group_size, p.s_kv, bits, threads);
     auto kernel = prefill_kernel_token_groups<TOPK, 8, GROUP_THREADS>;
     if (threads == WIDE_GROUP_THREADS) kernel = prefill_kernel_token_groups<TOPK, 8, WIDE_GROUP_THREADS>;
@@ -590,7 +598,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
       if (bits == 2) kernel = prefill_kernel_token_groups<TOPK, 2, GROUP_THREADS>;
       if (bits == 4) kernel = prefill_kernel_token_groups<TOPK, 4, GROUP_THREADS>;
     }
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
     return launch_after_kernel_ahead(kernel, p, threads, smem_bytes, stream);
   }
