@@ -39,22 +39,13 @@ cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream
   if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
   const int64_t units = grouped ? prefill::num_token_groups(params) : prefill::num_work_units(params);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(units < sms ? units : sms));
-  config.blockDim = dim3(prefill::NUM_THREADS);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
   // A token-grouped call's launches follow the pre-pass with programmatic stream serialization: the
   // grouped launch's CTAs start as the pre-pass's leave their SMs and wait for it before they read its
   // lists; the launch behind it reads only those lists, complete once every grouped CTA has passed
   // that wait, and starts on the SMs the grouped launch's last round leaves idle (kernel.cuh). Other calls
   // follow the caller's kernels and launch plainly.
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = params.group_length != nullptr ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, params);
+  return prefill::launch_kernel(kernel, params, static_cast<unsigned>(units < sms ? units : sms), prefill::NUM_THREADS,
+                                smem_bytes, stream, params.group_length != nullptr);
 }
 
 }  // namespace sparse_mla::sm90

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
@@ -22,6 +24,24 @@ using cutlass::arch::ClusterBarrier;
 // has completed and its writes are visible. In a grid launched without it, both do nothing.
 __device__ __forceinline__ void allow_dependent_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_for_grid_ahead() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Launches `kernel` on `stream`, with programmatic stream serialization where `after_grid_ahead`
+// (the kernel then relies on the two calls above), plainly otherwise.
+template <typename Kernel, typename Params>
+cudaError_t launch_kernel(Kernel kernel, const Params& params, unsigned grid, unsigned threads, size_t smem_bytes,
+                          cudaStream_t stream, bool after_grid_ahead) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = after_grid_ahead ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -550,27 +550,11 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
   }
 }
 
-// One CTA per group, launched with programmatic stream serialization: the kernel ahead on the stream
-// is the zeroing of the unit lists' counts, which the pre-pass waits for only where it appends to
-// them (decide_group), so the launch and the pre-pass's rounds overlap it. Everything else the
-// pre-pass reads was written before that kernel began.
-template <typename Kernel>
-cudaError_t launch_after_kernel_ahead(Kernel kernel, const TokenGroupParams& p, int threads, int smem_bytes,
-                                      cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_groups(p)));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
 // Launches the pre-pass for p.group_size * TOPK <= MAX_GROUP_SLOTS on `stream`; never synchronizes.
+// One CTA per group, with programmatic stream serialization: the kernel ahead on the stream is the
+// zeroing of the unit lists' counts, which the pre-pass waits for only where it appends to them
+// (decide_group), so its launch and its rounds overlap it. Everything else the pre-pass reads was
+// written before that kernel began.
 template <int TOPK>
 cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) {
   if constexpr (max_group_size(TOPK) < 2) {
@@ -582,7 +566,8 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
         cudaError_t err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         if (err != cudaSuccess) return err;
-        return launch_after_kernel_ahead(prefill_kernel_token_groups_of_two<TOPK>, p, GROUP_THREADS, smem_bytes, stream);
+        return launch_kernel(prefill_kernel_token_groups_of_two<TOPK>, p, num_groups(p), GROUP_THREADS, smem_bytes,
+                             stream, true);
       }
     }
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
@@ -600,7 +585,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
     }
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
-    return launch_after_kernel_ahead(kernel, p, threads, smem_bytes, stream);
+    return launch_kernel(kernel, p, num_groups(p), threads, smem_bytes, stream, true);
   }
 }
 
