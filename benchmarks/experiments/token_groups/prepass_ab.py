@@ -11,7 +11,7 @@ root under two names times one build twice: the noise floor. (Experiment 43 of `
     python benchmarks/experiments/token_groups/prepass_ab.py hash=/tmp/jit_old map=/tmp/jit_new hash2=/tmp/jit_old
 
 ``CASES=realistic-glm:131072:8,uniform:8192:16`` (pattern:s_kv:h_q, comma-separated) replaces the
-cases below.
+cases below; ``S_Q=1024`` times calls of 1024 rows instead of 4096.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
 from sparse_mla.launch import group_size, max_union_ratio, token_group_lists  # noqa: E402
 from sparse_mla.testing import make_inputs, interleaved_median_ms  # noqa: E402
 
-S_Q, TOPK = 4096, 2048
+S_Q, TOPK = int(os.environ.get("S_Q", 4096)), 2048
 CASES = [("realistic-glm", 8192, 8), ("realistic-glm", 8192, 16), ("realistic-glm", 8192, 32),
          ("realistic-glm-sorted", 8192, 16), ("realistic-dsv4", 8192, 16), ("uniform", 8192, 16),
          ("realistic-glm", 32768, 8), ("realistic-glm", 32768, 16), ("realistic-glm", 32768, 32),
