@@ -1,4 +1,4 @@
-# The wide and 32-head kernels' SASS of the base and of w32 (device.sh's trees), for Experiment 85's why.
+# Experiment 85: the wide and 32-head kernels' SASS of the base and of w32 (device.sh's trees), for Experiment 85's why.
 source benchmarks/experiments/hazards/ab_trees.sh
 build_2048 base w32
 for v in base w32; do so=$(find /tmp/j_$v -name "*.so" | head -1)
