@@ -1,3 +1,7 @@
+# Experiment 84, one resource at a time, on the GPU machine (`bash benchmarks/experiments/fused_union/kinds_device.sh`,
+# from the repository root, carrying .whl and .abcache), after `make_trees k1 k2 k3 k4 k5` here with
+# synthetic_build.patch applied and each tree's SYNTH_BUILD_KIND set to its number, SYNTH_BUILD_SLOTS 4
+# (and .abcache/l4: kind 0, late, 4 slots); the grouped kernel's SASS of kinds 1 and 5 for its spills.
 source benchmarks/experiments/hazards/ab_trees.sh
 build_2048 base l4 k1 k2 k3 k4 k5
 for k in k1 k5; do so=$(find /tmp/j_$k -name "*.so" | head -1); cuobjdump -sass -fun '_ZN10sparse_mla4sm907prefill14prefill_kernelILi576ELi2048ELNS1_4TileE2EEEvNS_13PrefillParamsE' $so > $OUT/sass_grouped_$k.txt 2>&1; echo "$k STL $(grep -c STL $OUT/sass_grouped_$k.txt) LDL $(grep -c LDL $OUT/sass_grouped_$k.txt) lines $(wc -l < $OUT/sass_grouped_$k.txt)"; done
