@@ -79,10 +79,10 @@ def sparse_mla_q8kv8_prefill_fwd(
     The kernel for each (d_qk, topk) is compiled on its first call (several seconds, announced on
     stderr) and cached on disk; ``sparse_mla.warmup(d_qk, topk)`` loads it at startup instead, and
     ``python -m sparse_mla prebuild`` compiles it ahead of time. The call does not synchronize the
-    device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile. A short call
-    (at most 8 rounds of 64-head work items over the SMs, outside the batch-invariant mode) takes a
-    scratch workspace of at most 135 KB per SM from torch's caching allocator on the current stream;
-    with at most 32 heads, so do the token groups' lists (5 bytes per slot of ``indices``), see
+    device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile. A call whose
+    last round of 64-head work items over the SMs is at most half full (outside the batch-invariant
+    mode; past 8 rounds only at topk >= 1024 and h_q > 32) takes a scratch workspace of at most 135 KB
+    per SM from torch's caching allocator on the current stream; with at most 32 heads, so do the token groups' lists (5 bytes per slot of ``indices``), see
     :mod:`sparse_mla.launch`.
     """
     validate_prefill_args(

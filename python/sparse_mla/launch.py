@@ -62,16 +62,23 @@ def check_hopper(device: torch.device) -> int:
 # The kernel's tail split (include/sparse_mla/sm90/prefill/split.cuh; PART_FLOATS in traits.cuh): floats
 # of one part's state in the workspace (256 consumer threads x (128 O^T values + 4 row statistics) + 64
 # head references), at most 4 parts per item, at least 2 pairs of 64-row blocks (256 slots) per part, so
-# that a part's work stays well above the cost of merging it, and at most 8 rounds of items: beyond, the
-# last round is a small share of the call and the split's fixed costs (the kernel that zeroes the
-# counters, the merges) outweigh what it saves.
+# that a part's work stays well above the cost of merging it. Past 8 rounds of items the last round is
+# a small share of the call, and a part needs at least 4 pairs (512 slots) to save more than it costs
+# (publishing and merging it, the kernel that zeroes the counters); measured on an H200
+# (benchmarks/notes/2026-12-03.md, Experiment 90), 4,096 items at topk 2048 in parts of 4 pairs ran
+# 0.2-1.0% faster, at topk 512 in parts of 2 pairs 1.1% slower. A split call runs the wide tile
+# (include/sparse_mla/sm90/prefill/launch.cuh), so a call that would run a narrow tile (at most 32
+# heads) splits only within 8 rounds, as before that measurement.
 SPLIT_PART_FLOATS = 256 * 128 + 256 * 4 + 64
 _MAX_SPLIT_PARTS = 4
 _MIN_SPLIT_SLOTS = 256
-_MAX_SPLIT_ROUNDS = 8
+_SHORT_CALL_ROUNDS = 8
+_MIN_LONG_CALL_SPLIT_SLOTS = 512
 
 
-def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = False) -> tuple[int, int]:
+def split_plan(
+    items: int, num_sms: int, topk: int, batch_invariant: bool = False, narrow: bool = False
+) -> tuple[int, int]:
     """Which work items to cut into parts, as ``(split_begin, split_parts)``.
 
     The kernel runs one CTA per SM, each taking every num_sms-th work item (a query token and a block of
@@ -79,11 +86,14 @@ def split_plan(items: int, num_sms: int, topk: int, batch_invariant: bool = Fals
     most half a round, each of its items is cut into ``parts`` ranges of topk (as many as fill the round,
     within the limits above) that run side by side and are merged. ``(items, 1)`` means no split, which
     is always the plan in the batch-invariant mode: a split row sums its slots in another order than an
-    unsplit one, and whether a row is split depends on how many rows the call has.
+    unsplit one, and whether a row is split depends on how many rows the call has. ``narrow``: the call
+    has at most 32 heads, so that unsplit it runs a narrow tile.
     """
     tail = items - (items - 1) // num_sms * num_sms  # items of the last round, 1..num_sms
-    parts = min(_MAX_SPLIT_PARTS, num_sms // tail, topk // _MIN_SPLIT_SLOTS)
-    if batch_invariant or items == 0 or parts < 2 or items > _MAX_SPLIT_ROUNDS * num_sms:
+    short = items <= _SHORT_CALL_ROUNDS * num_sms
+    min_slots = _MIN_SPLIT_SLOTS if short else _MIN_LONG_CALL_SPLIT_SLOTS
+    parts = min(_MAX_SPLIT_PARTS, num_sms // tail, topk // min_slots)
+    if batch_invariant or items == 0 or parts < 2 or (narrow and not short):
         return items, 1
     return items - tail, parts
 
@@ -176,7 +186,8 @@ def launch(
                              sm_scale, group, every_group=mode == "always")
         return
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
-    split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant)
+    split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant,
+                                          narrow=h_q <= NARROW_HEADS)
     workspace = counters = None
     if split_parts > 1:
         # Per call, from torch's caching allocator on the current stream: a concurrent call on another

@@ -171,25 +171,29 @@ def test_preallocated_out_views(prefill_fwd, accept, seed, view):
     assert storage[outside].isnan().all(), f"{context}: the kernel wrote outside the out view"
 
 
-def _split_shape(parts: int, h_q: int) -> int:
+def _split_shape(parts: int, h_q: int, rounds: int) -> int:
     """s_q whose last round of work items (query token, 64-head block) is cut into `parts` parts on
-    this GPU: one full round of items, then a tail of num_sms // parts items."""
+    this GPU: `rounds` full rounds of items, then a tail of num_sms // parts items."""
     from sparse_mla.launch import num_sms as sm_count
 
     num_sms = sm_count(torch.cuda.current_device())
     head_blocks = (h_q + 63) // 64
-    return (num_sms + num_sms // parts) // head_blocks
+    return (rounds * num_sms + num_sms // parts) // head_blocks
 
 
-@pytest.mark.parametrize("parts", [2, 3, 4])
-@pytest.mark.parametrize("d_qk, topk, h_q", [(576, 2048, 64), (512, 512, 128)])
-def test_tail_split(check_prefill, prefill_fwd, seed, parts, d_qk, topk, h_q):
+@pytest.mark.parametrize(
+    "parts, d_qk, topk, h_q, rounds",
+    [(parts, 576, 2048, 64, 1) for parts in (2, 3, 4)]
+    + [(parts, 512, 512, 128, 1) for parts in (2, 3, 4)]
+    + [(4, 576, 2048, 64, 9)],  # past 8 rounds: parts of at least 512 slots
+)
+def test_tail_split(check_prefill, prefill_fwd, seed, parts, d_qk, topk, h_q, rounds):
     """The last round's items cut into parts on idle SMs and merged (include/sparse_mla/sm90/prefill/
     split.cuh): every corner that empties a part or a row, and the same bits on every run whichever
     part finishes last."""
     from sparse_mla.launch import num_sms, split_plan
 
-    s_q = _split_shape(parts, h_q)
+    s_q = _split_shape(parts, h_q, rounds)
     items = s_q * ((h_q + 63) // 64)
     split_begin, split_parts = split_plan(items, num_sms(torch.cuda.current_device()), topk)
     assert split_parts >= 2 and split_begin < items, f"s_q {s_q} does not split on this GPU"

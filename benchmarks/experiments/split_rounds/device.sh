@@ -1,0 +1,13 @@
+# Experiment 90 on the GPU machine (`bash benchmarks/experiments/split_rounds/device.sh`, from the
+# repository root, carrying .whl and .abcache, after `make_trees` from hazards/ab_trees.sh): one build
+# of main, timed through its own launch plan (base, twice) and through launch_any_rounds.py beside this
+# (anyrounds: the tail split at any number of rounds).
+source benchmarks/experiments/hazards/ab_trees.sh
+in_tree base python3 -m sparse_mla prebuild --d-qk 576 512 --topk 2048 512 -j 16 2>&1 | tail -n 1
+P=$PWD/benchmarks/experiments/split_rounds/launch_any_rounds.py
+AB="timeout 280 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base --variant anyrounds=/tmp/j_base@$P --variant base2=/tmp/j_base"
+$AB --indices uniform --shape 4096,8192,64,576,2048 --shape 4096,8192,128,576,2048 --shape 4096,32768,128,576,2048 \
+  --shape 4096,131072,128,576,2048 --shape 4096,32768,64,576,2048 --shape 4096,8192,64,512,512 --shape 4096,32768,64,512,512 \
+  --shape 1024,65536,128,576,2048 --shape 437,8192,64,576,2048 --json $OUT/split-rounds-ab-uniform.json 2>&1 | tail -n 11
+$AB --indices realistic-glm --shape 4096,8192,64,576,2048 --shape 4096,8192,128,576,2048 --shape 4096,131072,128,576,2048 \
+  --json $OUT/split-rounds-ab-glm.json 2>&1 | tail -n 5
