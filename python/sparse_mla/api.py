@@ -82,8 +82,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     device and is safe inside CUDA graphs (once the kernel is loaded) and torch.compile. A call whose
     last round of 64-head work items over the SMs is at most half full (outside the batch-invariant
     mode; past 8 rounds only at topk >= 1024 and h_q > 32) takes a scratch workspace of at most 135 KB
-    per SM from torch's caching allocator on the current stream; with at most 32 heads, so do the token groups' lists (5 bytes per slot of ``indices``), see
-    :mod:`sparse_mla.launch`.
+    per SM from torch's caching allocator on the current stream; with at most 32 heads, so do the
+    token groups' lists (5 bytes per slot of ``indices``), see :mod:`sparse_mla.launch`.
     """
     validate_prefill_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse
