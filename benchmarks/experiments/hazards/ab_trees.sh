@@ -7,6 +7,8 @@
 #                        (/tmp/j_NAME)
 #   ab_trees NAME        builds the baseline at topk 2048 and NAME at every key its tests use, side by side
 #   build_2048 NAME...   builds each NAME (base included, if named) at topk 2048 only, side by side
+#   ab_command NAME...   prints the hazards/ab.py command that times the base, each NAME and the base
+#                        again side by side (20 calls each), from the caches build_2048 filled
 AB_ROOT=$PWD
 make_trees() {
   local name
@@ -36,4 +38,9 @@ build_2048() {
   done
   wait
   for name in "$@"; do tail -n 1 "/tmp/pb_$name.txt"; done
+}
+ab_command() {
+  local name command="timeout 280 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base"
+  for name in "$@"; do command="$command --variant $name=/tmp/j_$name"; done
+  echo "$command --variant base2=/tmp/j_base"
 }

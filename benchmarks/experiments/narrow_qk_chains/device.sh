@@ -6,9 +6,7 @@
 source benchmarks/experiments/hazards/ab_trees.sh
 VARIANTS=${VARIANTS:-qk2 qk3}
 build_2048 base $VARIANTS
-AB="timeout 240 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base"
-for v in $VARIANTS; do AB="$AB --variant $v=/tmp/j_$v"; done
-AB="$AB --variant base2=/tmp/j_base"
+AB=$(ab_command $VARIANTS)
 # Uniform selections: no group pays, so every token runs a narrow tile (h_q 8, 16, 32: the 8-, 16- and
 # 32-head tiles); h_q 64 is the control (wide tile, unchanged).
 $AB --indices uniform --shape 4096,8192,16,576,2048 --shape 4096,8192,8,576,2048 --shape 4096,8192,32,576,2048 \

@@ -7,9 +7,7 @@
 source benchmarks/experiments/hazards/ab_trees.sh
 VARIANTS=${VARIANTS:-nf fw fwa}
 build_2048 base $VARIANTS
-AB="timeout 280 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base"
-for v in $VARIANTS; do AB="$AB --variant $v=/tmp/j_$v"; done
-AB="$AB --variant base2=/tmp/j_base"
+AB=$(ab_command $VARIANTS)
 # Uniform: the narrow tiles (h_q 32, 16; h_q 8 at 128K, where no group of 8 pays), the wide tile (64, 128).
 $AB --indices uniform --shape 4096,8192,16,576,2048 --shape 4096,8192,32,576,2048 --shape 4096,131072,16,576,2048 \
   --shape 4096,131072,8,576,2048 --shape 4096,8192,64,576,2048 --shape 4096,8192,128,576,2048 \

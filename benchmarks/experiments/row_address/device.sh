@@ -9,9 +9,7 @@ source benchmarks/experiments/hazards/ab_trees.sh
 VARIANTS=${VARIANTS:-w32 w32m}
 RESULTS=${RESULTS:-row-address}
 build_2048 base $VARIANTS
-AB="timeout 200 python3 benchmarks/experiments/hazards/ab.py --iters 20 --variant base=/tmp/j_base"
-for v in $VARIANTS; do AB="$AB --variant $v=/tmp/j_$v"; done
-AB="$AB --variant base2=/tmp/j_base"
+AB=$(ab_command $VARIANTS)
 $AB --indices realistic-glm --shape 4096,8192,32,576,2048 --shape 4096,8192,16,576,2048 --shape 4096,8192,8,576,2048 \
   --shape 1024,8192,32,576,2048 --shape 4096,131072,16,576,2048 --json $OUT/$RESULTS-ab-glm.json 2>&1 | tail -n 6
 $AB --indices uniform --shape 4096,8192,64,576,2048 --shape 4096,8192,128,576,2048 --shape 4096,131072,128,576,2048 \
