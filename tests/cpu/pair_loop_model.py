@@ -78,7 +78,9 @@ class KernelOrder:
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
     # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
     # order over a token group, the producer copying each tile row's valid bits (its token's mask from
-    # the pre-pass) into row_valid with the block's rows; no split merge).
+    # the pre-pass) into row_valid with the block's rows and handing each unit (group, pairs) to the
+    # consumers in group_unit, a slot per unit parity, before its q_empty wait; the consumers read it
+    # after waiting for q_full; no split merge).
     tile: str = "wide"
     # The narrow tile's early release (narrow.cuh): a pair's V rows go into registers and the pair back
     # to the producer right after the pair's softmax; P.V of both blocks is one wgmma group, issued
@@ -239,6 +241,8 @@ def producer_events(order, units):
     pair_base = 0  # pairs of earlier units: stages and phases continue across units
     for unit_count, unit in enumerate(units):
         p.at(unit_count, 0)
+        if order.tile == "grouped":  # the unit for the consumers, in the slot of its parity
+            p(st_shared(f"group_unit[{unit_count % 2}]", "the unit for the consumers (lane 0 of warp 0)"))
         if unit_count > 0:
             p(mbarrier_wait("q_empty", unit_count - 1))
         if order.proxy_fence == "producer":
@@ -303,6 +307,9 @@ def consumer_events(order, units, wg):
     c = _Trace()
     pair_base = 0
     for unit_count, unit in enumerate(units):
+        if order.tile == "grouped":  # kernel.cuh: the unit from the producer, after an early q_full wait
+            c.at(unit_count, 0)
+            c(mbarrier_wait("q_full", unit_count), ld_shared(f"group_unit[{unit_count % 2}]", "current_from_producer"))
         _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg)
         pair_base += unit.n_pairs
         if order.tile == "narrow":  # kernel.cuh's NARROW loop: whole items, then store_outputs_narrow

@@ -110,6 +110,18 @@ def test_the_grouped_valid_bits_are_ordered_like_the_wide_ones():
     assert any("row_valid[0][1]: read-after-write" in str(f) for f in findings), report(findings)
 
 
+def test_the_grouped_units_handoff_needs_its_two_slots():
+    """The producer writes a unit's (group, pairs) for the consumers before it waits for the previous
+    unit's q_empty: in one slot, that write would race with the consumers' read of the previous unit
+    (units of one pair: nothing else orders the read before it)."""
+    def one_slot(events):
+        return [replace(e, target="group_unit[0]") if e.target.startswith("group_unit") else e for e in events]
+
+    roles = kernel_roles(GROUPED_ORDER, (Unit("E"), Unit("F"), Unit("F")))
+    findings = check({name: one_slot(events) for name, events in roles.items()})
+    assert any("group_unit[0]: write-after-read" in str(f) for f in findings), report(findings)
+
+
 def test_the_narrow_tile_keeps_alpha_in_registers():
     """narrow.cuh's rescale factors and references live in NarrowState: no alpha, no row statistics in
     shared memory; the exact path and the epilogue use head_max, head_sum and head_reference instead."""

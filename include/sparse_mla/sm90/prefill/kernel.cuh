@@ -101,7 +101,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
       // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
       // different code at topk 1 and 64.
       for (; scheduler.has_work(); scheduler.advance()) {
-        const WorkUnit w = scheduler.current();
+        WorkUnit w;
+        if constexpr (TILE == Tile::kGrouped) {
+          // The unit from the producer (scheduler.cuh), written before its q_full arrival: the
+          // mainloop's first wait, early.
+          mbarrier_wait(&ss.q_full, QStage(scheduler.unit_count()).phase);
+          w = scheduler.current_from_producer(ss.group_unit[scheduler.unit_count() % 2]);
+        } else {
+          w = scheduler.current();
+        }
         ConsumerState st;
         run_consumer_mainloop<D_QK, TOPK, TILE>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
         if (scheduler.is_split_part() && !merge_split_parts<D_QK>(params, ss, st, w)) continue;

@@ -97,18 +97,26 @@ __device__ __forceinline__ int num_launch_units(const PrefillParams& params) {
   return static_cast<int>(num_work_units(params));  // entry.cuh checks that the units fit an int
 }
 
-// The grouped launch's unit u: the u-th group of its list.
-__device__ __forceinline__ WorkUnit group_unit(int unit, const PrefillParams& params) {
+// Group `item` of the grouped launch, with `n_slots` list entries and `n_pairs` pairs (n_slots is
+// the producer's only: the consumers take the unit from it, WorkScheduler::current_from_producer).
+__device__ __forceinline__ WorkUnit group_unit_of(int item, int n_slots, int n_pairs, const PrefillParams& params) {
   WorkUnit w;
-  w.item = __ldg(params.group_units + GROUPED_UNITS + unit);
+  w.item = item;
   w.q_row = w.item * params.group_size;
   w.head_begin = 0;
   w.num_heads = min(params.group_size, params.s_q - w.q_row) * params.h_q;
   w.part = 0;
   w.slot_begin = 0;
-  w.n_slots = __ldg(params.group_length + w.item);  // >= 0: the group is in this launch's list
-  w.n_pairs = (w.n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK);
+  w.n_slots = n_slots;
+  w.n_pairs = n_pairs;
   return w;
+}
+
+// The grouped launch's unit u: the u-th group of its list.
+__device__ __forceinline__ WorkUnit group_unit(int unit, const PrefillParams& params) {
+  const int item = __ldg(params.group_units + GROUPED_UNITS + unit);
+  const int n_slots = __ldg(params.group_length + item);  // >= 0: the group is in this launch's list
+  return group_unit_of(item, n_slots, (n_slots + 2 * B_TOPK - 1) / (2 * B_TOPK), params);
 }
 
 // The split's runtime divisions (on the path between two units) run for split units only.
@@ -158,6 +166,14 @@ class WorkScheduler {
   __device__ __forceinline__ bool has_work() const { return unit_ < n_units_; }
   __device__ __forceinline__ WorkUnit current() {
     const WorkUnit w = work_unit<TOPK, TILE>(unit_, params_, head_blocks_);
+    pair_end_ = pair_base_ + w.n_pairs;
+    return w;
+  }
+  // The grouped tile's consumers: the unit the producer computed and left in shared memory with its
+  // q_full arrival (produce_unit), which the caller waited for (kernel.cuh), so that a unit's start
+  // waits for no global load (the list's entry, then the group's length). `unit`: (group, pairs).
+  __device__ __forceinline__ WorkUnit current_from_producer(int2 unit) {
+    const WorkUnit w = group_unit_of(unit.x, 0, unit.y, params_);
     pair_end_ = pair_base_ + w.n_pairs;
     return w;
   }

@@ -137,6 +137,8 @@ struct SharedStorage {
                                            // block is valid for the token of tile row `row` (its mask,
                                            // copied by cp.async; rows past the group's take its last
                                            // token's: they are zero in Q and never stored)
+  int2 group_unit[2];  // grouped tile, [unit count % 2]: the unit's group and pairs, from the producer
+                       // to the consumers (producer.cuh, before its q_full arrival)
 };
 
 // How the producer hands a block over (producer.cuh). The wide and grouped tiles: each producer thread
