@@ -71,9 +71,10 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
   const int n_slots = w.n_slots, n_pairs = w.n_pairs;
   // The grouped tile's consumers take the unit from here (WorkScheduler::current_from_producer), in
-  // the slot of the unit's parity: the consumers read the other slot's last unit before they arrived
-  // on q_empty of that unit, which this thread waited for before its previous unit's Q; released by
-  // this thread's q_full arrival.
+  // the slot of the unit's parity: its previous unit, two before this one, was read by the consumers
+  // before they arrived on that unit's q_empty, which this thread waited for before its previous
+  // unit's Q; released by this thread's q_full arrival. (One slot, written after the q_empty wait
+  // below, made the producer spill 72 bytes.)
   if constexpr (TILE == Tile::kGrouped) {
     if (lane == 0 && warp == 0) ss.group_unit[unit_count % 2] = make_int2(w.item, w.n_pairs);
   }
