@@ -161,8 +161,10 @@ __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t 
 // overlap, token 0's and few others). Warp w takes rows w * WARP_ROWS .. of 32 consecutive slots of
 // each token, so that index loads are coalesced and a ballot places a row's entries; the next
 // token's loads are in flight during a round, and after the last round token 0's are loaded again,
-// for the list. The pass is bound by the issue of its instructions; a group that falls back writes
-// no list (but for the chunks before the one where it is known, past map_capacity kv rows).
+// for the list. The pass is bound by the issue of its instructions where three CTAs share an SM; a
+// CTA alone on its SM (WIDE_GROUP_THREADS) marks every token's slots at once instead (MARKS_AT_ONCE,
+// below), with the same entries. A group that falls back writes no list (but for the chunks before
+// the one where it is known, past map_capacity kv rows).
 // (Named like the prefill kernel, so that one kernel-name filter of the sanitizer tests takes both.)
 template <int TOPK, int MAP_BITS, int THREADS>
 __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
@@ -172,13 +174,18 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   constexpr uint32_t WORD_ROWS = 32 / MAP_BITS, OWNER_MASK = (1u << MAP_BITS) - 1;  // kv rows per map word
   constexpr int WARP_ROWS = GROUP_WARP_ROWS<TOPK, THREADS>;
   // A CTA of WIDE_GROUP_THREADS has its SM to itself, so no other CTA's warps issue while its warps
-  // wait at the barrier after the list pass; that barrier waited for the warps whose rows of later
-  // tokens made entries, one dependent index load per row (ncu at s_kv 128K, groups of 8: 16.5% of
-  // the warps' samples). Its threads have the registers to load those rows all at once (64 a thread
-  // at most; 53 with them, 46 without): the pre-pass 7-12% faster there (Experiment 67 of
+  // wait at a barrier or for their loads. Its threads have the registers (64 a thread at most) to
+  // hold every token's slots (G * WARP_ROWS: 16 at topk 2048, 18 at 2500; no spill at topk 7 to
+  // 8192), loaded at once at its start, and it marks them all into the map before one barrier, then
+  // reads each slot's row's owners back: the slot makes the row's entry where no token before its own
+  // selected the row, which is what a round's old value says, so the entries and their order are the
+  // rounds'. One barrier and one load latency instead of one of each a token (Experiment 94 of
+  // benchmarks/notes/2026-12-03.md: 8% off the pre-pass at 4096 x 128K, h_q 8); the later tokens'
+  // entries need no dependent load in the list pass either (Experiment 67 of
   // benchmarks/notes/2026-12-01.md). Three CTAs of 512 threads share an SM, whose warps fill each
-  // other's waits, and have none to spare (42 a thread at most, 39-40 used).
-  constexpr bool LOADS_LATER_AT_ONCE = THREADS == WIDE_GROUP_THREADS;
+  // other's waits, and have no registers to spare (42 a thread at most, 39-40 used): they run rounds.
+  constexpr bool MARKS_AT_ONCE = THREADS == WIDE_GROUP_THREADS;
+  constexpr int KEY_TOKENS = MARKS_AT_ONCE ? max_group_size(TOPK) : 1;
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
@@ -227,43 +234,89 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   // Entries 0 .. first_common - 1 (the first chunk's common ones) are every token's.
   uint32_t entries = 0, group_valid_slots = 0, first_common = 0;
   bool pays = true;
-  // The thread's slots of the token whose round is next; after the rounds, token 0's again.
-  int32_t index[WARP_ROWS];
-  load_token(index, 0);
+  // The thread's slots of every token where it marks them at once; in rounds, keys[0] holds those of
+  // the token whose round is next, and after the rounds token 0's again.
+  int32_t keys[KEY_TOKENS][WARP_ROWS];
+#pragma unroll
+  for (int t = 0; t < KEY_TOKENS; ++t) {
+    if (t == 0 || t < tokens) load_token(keys[t], t);  // a group has its token 0
+  }
+  // Where the thread's slot of row i of a token lies in this chunk's map, if it is valid there.
+  struct MapSlot {
+    bool valid, in;  // valid: a slot of the token's length and a kv row; in: and in the chunk
+    uint32_t row, shift;
+  };
+  const auto map_slot = [&](int32_t key, int i, int length, uint32_t chunk) {
+    const bool valid = first_slot + 32 * i < length && static_cast<uint32_t>(key) < static_cast<uint32_t>(p.s_kv);
+    const uint32_t row = static_cast<uint32_t>(key) - chunk;
+    return MapSlot{valid, valid && row < map_rows, row, MAP_BITS * (row % WORD_ROWS)};
+  };
   for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv) && pays; chunk += map_rows) {
     for (uint32_t v = threadIdx.x; v < map_bytes / 16; v += THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
     __syncthreads();
     NewBits made = 0;
-    for (int t = 0; t < tokens; ++t) {
-      const int length = lengths[t];
-      const int32_t* next_in = group_in + (t + 1 < tokens ? t + 1 : 0) * TOPK;
-      uint32_t duplicate = 0, count = 0;
+    // Token t's slot of row i into the map; the word's old value. Branch-free, so that the atomics
+    // issue back to back: a slot that is not valid, or whose row lies outside the chunk, ORs 0 into
+    // its lane's own word (no two lanes on one word).
+    const auto mark = [&](const MapSlot& s, int t, uint32_t& duplicate) {
+      const uint32_t bits = s.in ? (1u << t) << s.shift : 0u;
+      const uint32_t old = atomicOr(map + (s.in ? s.row / WORD_ROWS : static_cast<uint32_t>(lane)), bits);
+      duplicate |= old & bits;
+      return old;
+    };
+    // `makes`: the slot makes its row's entry (no token before t selected the row).
+    const auto count_made = [&](const MapSlot& s, int t, int i, bool makes, uint32_t& count) {
+      made |= static_cast<NewBits>(makes) << (t * WARP_ROWS + i);
+      count += static_cast<uint32_t>(makes) | (chunk == 0 && s.valid ? 1u << 16 : 0u);
+    };
+    if constexpr (MARKS_AT_ONCE) {
+      uint32_t duplicate = 0;
 #pragma unroll
-      for (int i = 0; i < WARP_ROWS; ++i) {
-        // Branch-free, so that the atomics issue back to back: a slot that is not valid, or whose
-        // row lies outside the chunk, ORs 0 into its lane's own word (no two lanes on one word).
-        const int32_t key = index[i];
-        const bool valid = first_slot + 32 * i < length && static_cast<uint32_t>(key) < static_cast<uint32_t>(p.s_kv);
-        const uint32_t row = static_cast<uint32_t>(key) - chunk, shift = MAP_BITS * (row % WORD_ROWS);
-        const bool in = valid && row < map_rows;
-        const uint32_t bits = in ? (1u << t) << shift : 0u;
-        const uint32_t old = atomicOr(map + (in ? row / WORD_ROWS : static_cast<uint32_t>(lane)), bits);
-        duplicate |= old & bits;
-        // The register is free: the next token's slot of this row (after the last, token 0's, for the
-        // list), in flight during the round's rest.
-        index[i] = in_topk(i) ? __ldg(next_in + 32 * i) : -1;
-        const bool makes = in && ((old >> shift) & OWNER_MASK) == 0;  // no token before t selected the row
-        made |= static_cast<NewBits>(makes) << (t * WARP_ROWS + i);
-        count += static_cast<uint32_t>(makes) | (chunk == 0 && valid ? 1u << 16 : 0u);
+      for (int t = 0; t < KEY_TOKENS; ++t) {
+        if (t >= tokens) break;
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) mark(map_slot(keys[t][i], i, lengths[t], chunk), t, duplicate);
       }
-      count = __reduce_add_sync(0xffffffffu, count);
-      if (lane == 0) counts[t * WARPS + warp] = count;
       if (__syncthreads_or(duplicate != 0)) {  // block-uniform: a token selected a row twice
         pays = false;
         break;
       }
+#pragma unroll
+      for (int t = 0; t < KEY_TOKENS; ++t) {
+        if (t >= tokens) break;
+        uint32_t count = 0;
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) {
+          const MapSlot s = map_slot(keys[t][i], i, lengths[t], chunk);
+          count_made(s, t, i, s.in && (owners_of(s.row) & ((1u << t) - 1)) == 0, count);
+        }
+        count = __reduce_add_sync(0xffffffffu, count);
+        if (lane == 0) counts[t * WARPS + warp] = count;
+      }
+      __syncthreads();
+    } else {
+      for (int t = 0; t < tokens; ++t) {
+        const int length = lengths[t];
+        const int32_t* next_in = group_in + (t + 1 < tokens ? t + 1 : 0) * TOPK;
+        uint32_t duplicate = 0, count = 0;
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) {
+          const MapSlot s = map_slot(keys[0][i], i, length, chunk);
+          const uint32_t old = mark(s, t, duplicate);
+          // The register is free: the next token's slot of this row (after the last, token 0's, for
+          // the list), in flight during the round's rest.
+          keys[0][i] = in_topk(i) ? __ldg(next_in + 32 * i) : -1;
+          count_made(s, t, i, s.in && ((old >> s.shift) & OWNER_MASK) == 0, count);
+        }
+        count = __reduce_add_sync(0xffffffffu, count);
+        if (lane == 0) counts[t * WARPS + warp] = count;
+        if (__syncthreads_or(duplicate != 0)) {  // block-uniform: a token selected a row twice
+          pays = false;
+          break;
+        }
+      }
+      if (!pays) break;
     }
-    if (!pays) break;
     // The (token, warp) counts scanned by warp 0, each lane 4 (or fewer) of them in order.
     constexpr int PER_LANE = MAX_GROUP * WARPS / 32;
     if (warp == 0) {
@@ -302,7 +355,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
 #pragma unroll
     for (int i = 0; i < WARP_ROWS; ++i) {
       const bool makes = ((made >> i) & 1u) != 0;
-      common += __popc(__ballot_sync(0xffffffffu, makes && owners_of(static_cast<uint32_t>(index[i]) - chunk) == everyone));
+      common += __popc(__ballot_sync(0xffffffffu, makes && owners_of(static_cast<uint32_t>(keys[0][i]) - chunk) == everyone));
     }
     if (lane == 0) common_counts[warp] = common;
     __syncthreads();
@@ -333,25 +386,13 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
         at_rest += __popc(rest_ballot);
       }
     };
-    if constexpr (LOADS_LATER_AT_ONCE) {
-      // The later tokens' entry-making slots, loaded all at once: the list pass waits for one load
-      // instead of one per row that makes an entry.
-      int32_t later[max_group_size(TOPK) - 1][WARP_ROWS];
+    if constexpr (MARKS_AT_ONCE) {
 #pragma unroll
-      for (int t = 1; t < max_group_size(TOPK); ++t) {
-#pragma unroll
-        for (int i = 0; i < WARP_ROWS; ++i) {
-          const bool makes = t < tokens && ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
-          later[t - 1][i] = makes ? __ldg(group_in + t * TOPK + 32 * i) : 0;
-        }
-      }
-      list_token(0, [&](int i, bool) { return index[i]; });
-#pragma unroll
-      for (int t = 1; t < max_group_size(TOPK); ++t) {
-        if (t < tokens) list_token(t, [&](int i, bool) { return later[t - 1][i]; });
+      for (int t = 0; t < KEY_TOKENS; ++t) {
+        if (t < tokens) list_token(t, [&](int i, bool) { return keys[t][i]; });
       }
     } else {
-      list_token(0, [&](int i, bool) { return index[i]; });
+      list_token(0, [&](int i, bool) { return keys[0][i]; });
       for (int t = 1; t < tokens; ++t) {
         list_token(t, [&](int i, bool makes) { return makes ? __ldg(group_in + t * TOPK + 32 * i) : 0; });
       }
