@@ -221,6 +221,30 @@ def test_realistic_selections_run_grouped_and_match_the_reference(check_prefill,
     check_prefill(inputs, context)
 
 
+@pytest.mark.parametrize("h_q", [8, 16, 32])
+def test_lists_ending_anywhere_in_their_last_pair_match_the_reference(check_prefill, seed, monkeypatch, h_q):
+    """One group per list length 128 k + r, r = 1 .. 128 and k = 0 .. 2: every fill of a unit's last
+    pair, as its only pair (Q released before the first softmax) and after others (released inside
+    the pair loop). Each token of a group selects the list less every (G + 1)-th entry from its own
+    offset, so the rows' masks differ and the union is the whole list."""
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
+    s_kv, topk = 8192, 512
+    group = group_size(h_q, topk)
+    lengths = [128 * (r % 3) + r for r in range(1, 129)]
+    inputs = make_inputs(s_q=group * len(lengths), s_kv=s_kv, h_q=h_q, topk=topk, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    indices = torch.full((len(lengths), group, topk), -1, dtype=torch.int32)
+    for k, length in enumerate(lengths):
+        rows = torch.randperm(s_kv, generator=generator)[:length].to(torch.int32)
+        for t in range(group):
+            indices[k, t, :length] = torch.where(torch.arange(length) % (group + 1) == t, -1, rows)
+    inputs["indices"] = indices.view(-1, 1, topk).to("cuda")
+    context = describe(seed, h_q=h_q, group=group)
+    _, _, got_length, _ = device_lists(inputs, group, max_union_ratio(h_q))
+    assert got_length.tolist() == lengths, f"{context}: each group's list is the length it was built for"
+    check_prefill(inputs, context)
+
+
 def test_uniform_selections_fall_back_to_the_narrow_tile(seed):
     inputs = make_inputs(s_q=64, s_kv=131072, h_q=16, topk=2048, seed=seed)
     _, _, length, _ = device_lists(inputs, group_size(16, 2048), max_union_ratio(16))
