@@ -330,10 +330,10 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   fence_operands(s);
   // The grouped tile releases Q as soon as the unit's last Q.K^T is retired (here, or in the loop
   // after block 0's P.V), half a pair before the last pair's P.V begins, so the producer loads the
-  // next unit's Q earlier: 0.3-1.3% off grouped calls. The wide tile releases it at the top of the
-  // last pair (its last Q.K^T completed in the iteration before): there the early release made its
-  // pair loop compile to another schedule, 2.3% slower on a tail-split call (437 x 8K, h_q 64)
-  // (benchmarks/notes/2026-12-03.md, Experiment 99).
+  // next unit's Q earlier: 0.2-1.3% off grouped calls at 16-32 heads. The wide tile releases it at
+  // the top of the last pair (its last Q.K^T completed in the iteration before): there the early
+  // release made its pair loop compile to another schedule, 2.3% slower on a tail-split call
+  // (437 x 8K, h_q 64) (benchmarks/notes/2026-12-03.md, Experiment 99).
   constexpr bool EARLY_Q_EMPTY = TILE == Tile::kGrouped;
   if (EARLY_Q_EMPTY && n_pairs == 1) mbarrier_arrive(&ss.q_empty);
   bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
