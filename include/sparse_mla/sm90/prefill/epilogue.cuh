@@ -82,6 +82,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
   // Heads frag_col(c, j, e), written out here: through the function, the loop's addressing compiles
   // to different code.
+  const GroupRows group_rows(params.h_q);  // the grouped tile's rows' tokens (only it reads this)
   const auto store = [&](auto aligned_pairs) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -92,7 +93,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
         const float sc = e == 0 ? scale.x : scale.y;
         bf16* dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
         if constexpr (TILE == Tile::kGrouped) {
-          const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, 8 * j + 2 * c + e);
+          const int2 token_head = group_rows.token_head(q_row, 8 * j + 2 * c + e);
           dst = params.out + static_cast<int64_t>(token_head.x) * params.out_stride_s +
                 static_cast<int64_t>(token_head.y) * params.out_stride_h + dim0;
         }

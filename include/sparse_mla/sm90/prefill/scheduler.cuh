@@ -79,6 +79,20 @@ __device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int 
   return make_int2(q_row, head_begin + row);
 }
 
+// row_token_head of a token group without a division per row: row / h_q is (row * inverse) >> 16 with
+// inverse = floor(65535 / h_q) + 1 (2^16 / h_q where h_q is a power of two, its ceiling otherwise),
+// exact while row * h_q < 2^16 (rows < B_H, h_q <= NARROW_HEADS). The epilogue maps 16 rows a thread
+// per unit, a division each: 1.7-4% of a grouped call (benchmarks/notes/2026-12-05.md, Experiment
+// 101). The producer's two rows a unit keep row_token_head: with this form its 40 registers spilled.
+struct GroupRows {
+  int h_q, inverse;
+  __device__ __forceinline__ explicit GroupRows(int h_q) : h_q(h_q), inverse(65535 / h_q + 1) {}
+  __device__ __forceinline__ int2 token_head(int q_row, int row) const {
+    const int token = (row * inverse) >> 16;
+    return make_int2(q_row + token, row - token * h_q);
+  }
+};
+
 // Token groups of the call (at most the grouped launch's work units).
 __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& params) {
   return num_groups_of(params.s_q, params.group_size);
