@@ -15,7 +15,7 @@ import sys
 def main() -> None:
     with open(sys.argv[1], newline="") as f:
         lines = f.read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"') or line.startswith('"#"'))
+    start = next(i for i, line in enumerate(lines) if line.startswith('"') and '"Source"' in line)
     rows = list(csv.DictReader(lines[start:]))
     cols = list(rows[0].keys())
     print("columns:", cols)
