@@ -80,9 +80,9 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // per pair, else two 2-byte stores. One branch per item, not per store.
   const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
+  const GroupRows group_rows(params.h_q);  // the grouped tile's rows' tokens (only it reads this)
   // Heads frag_col(c, j, e), written out here: through the function, the loop's addressing compiles
   // to different code.
-  const GroupRows group_rows(params.h_q);  // the grouped tile's rows' tokens (only it reads this)
   const auto store = [&](auto aligned_pairs) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
