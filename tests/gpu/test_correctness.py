@@ -142,19 +142,24 @@ def test_every_corner_at_once(check_prefill, seed):
 
 # out views: (extra elements per head row, first element of the view, extra heads per token). The
 # kernel stores pairs of bf16 with one 4-byte store when the view's base and strides keep every pair
-# 4-byte aligned, and with two 2-byte stores otherwise.
+# 4-byte aligned, and with two 2-byte stores otherwise; a token group's tile addresses its rows from
+# the group's first token where a token's heads follow each other (no extra heads), and through each
+# row's token otherwise.
 _OUT_VIEWS = {
     "aligned, padded rows and heads": (64, 0, 3),
     "base offset by one element": (2, 1, 0),
     "odd head stride": (1, 0, 0),
+    "odd head stride, padded heads": (1, 0, 3),
 }
 
 
 @pytest.mark.parametrize("view", list(_OUT_VIEWS))
-def test_preallocated_out_views(prefill_fwd, accept, seed, view):
+@pytest.mark.parametrize("h_q", [72, 16])
+def test_preallocated_out_views(prefill_fwd, accept, seed, monkeypatch, view, h_q):
     """out may be any view with a contiguous last dimension: every element of the view is written,
-    in either store path, and nothing around it."""
-    shape = dict(s_q=37, s_kv=4096, h_q=72, d_qk=576, topk=100)
+    in either store path, and nothing around it; 16 heads in token groups of 4 (37 rows: a tail group)."""
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
+    shape = dict(s_q=37, s_kv=4096, h_q=h_q, d_qk=576, topk=100)
     inputs = make_inputs(**shape, seed=seed, topk_length="random")
     s_q, h_q, d_v = shape["s_q"], shape["h_q"], inputs["d_v"]
     extra, first, extra_heads = _OUT_VIEWS[view]

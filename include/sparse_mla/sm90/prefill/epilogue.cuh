@@ -80,10 +80,15 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // per pair, else two 2-byte stores. One branch per item, not per store.
   const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
-  const GroupRows group_rows(params.h_q);  // the grouped tile's rows' tokens (only it reads this)
+  // A token group's row r (head r % h_q of token q_row + r / h_q, head_begin 0) lies r * out_stride_h
+  // past its first token's row where out_stride_s == h_q * out_stride_h (a [s_q, h_q, d_v] output):
+  // there it is stored as the wide tile stores head r. Other strides find each row's token.
+  const bool by_token = TILE == Tile::kGrouped &&
+                        params.out_stride_s != static_cast<int64_t>(params.h_q) * params.out_stride_h;
+  const GroupRows group_rows(params.h_q);  // only the by_token stores read this
   // Heads frag_col(c, j, e), written out here: through the function, the loop's addressing compiles
   // to different code.
-  const auto store = [&](auto aligned_pairs) {
+  const auto store = [&](auto aligned_pairs, auto rows_by_token) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 scale = *reinterpret_cast<const float2*>(&ss.out_scale[8 * j + 2 * c]);
@@ -92,7 +97,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
         if (8 * j + 2 * c + e >= num_heads) continue;
         const float sc = e == 0 ? scale.x : scale.y;
         bf16* dst = base + static_cast<int64_t>(8 * j + e) * params.out_stride_h;
-        if constexpr (TILE == Tile::kGrouped) {
+        if constexpr (decltype(rows_by_token)::value) {
           const int2 token_head = group_rows.token_head(q_row, 8 * j + 2 * c + e);
           dst = params.out + static_cast<int64_t>(token_head.x) * params.out_stride_s +
                 static_cast<int64_t>(token_head.y) * params.out_stride_h + dim0;
@@ -110,7 +115,13 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       }
     }
   };
-  if (aligned) store(std::true_type{}); else store(std::false_type{});
+  if constexpr (TILE == Tile::kGrouped) {
+    if (by_token) {
+      if (aligned) store(std::true_type{}, std::true_type{}); else store(std::false_type{}, std::true_type{});
+      return;
+    }
+  }
+  if (aligned) store(std::true_type{}, std::false_type{}); else store(std::false_type{}, std::false_type{});
 }
 
 }  // namespace sparse_mla::sm90::prefill
