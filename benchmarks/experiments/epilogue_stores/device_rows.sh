@@ -1,4 +1,4 @@
-# Experiment 104 (prepared, not yet run): the grouped epilogue stores a token group's rows as the wide
+# Experiment 104 (landed in 6854b93): the grouped epilogue stores a token group's rows as the wide
 # tile stores its heads where the output's (token, head) dims are contiguous (contiguous_rows.patch:
 # rows, with the out-view test at 16 heads in token groups), against main, main timed twice; then the
 # patch's out-view and token-group tests. On the CPU host: `git apply
