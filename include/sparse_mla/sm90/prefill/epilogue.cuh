@@ -80,12 +80,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // per pair, else two 2-byte stores. One branch per item, not per store.
   const bool aligned = ((reinterpret_cast<uintptr_t>(params.out) | static_cast<uintptr_t>(params.out_stride_s) * 2 |
                          static_cast<uintptr_t>(params.out_stride_h) * 2) & 3) == 0;
-  // A token group's row r (head r % h_q of token q_row + r / h_q, head_begin 0) lies r * out_stride_h
-  // past its first token's row where out_stride_s == h_q * out_stride_h (a [s_q, h_q, d_v] output):
-  // there it is stored as the wide tile stores head r. Other strides find each row's token.
-  const bool by_token = TILE == Tile::kGrouped &&
-                        params.out_stride_s != static_cast<int64_t>(params.h_q) * params.out_stride_h;
-  const GroupRows group_rows(params.h_q);  // only the by_token stores read this
+  const GroupRows group_rows(params.h_q);  // only the grouped tile's rows_by_token stores read this
   // Heads frag_col(c, j, e), written out here: through the function, the loop's addressing compiles
   // to different code.
   const auto store = [&](auto aligned_pairs, auto rows_by_token) {
@@ -115,8 +110,11 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       }
     }
   };
+  // A token group's row r (head r % h_q of token q_row + r / h_q, head_begin 0) lies r * out_stride_h
+  // past its first token's row where out_stride_s == h_q * out_stride_h (a [s_q, h_q, d_v] output):
+  // there it is stored as the wide tile stores head r. Other strides find each row's token.
   if constexpr (TILE == Tile::kGrouped) {
-    if (by_token) {
+    if (params.out_stride_s != static_cast<int64_t>(params.h_q) * params.out_stride_h) {
       if (aligned) store(std::true_type{}, std::true_type{}); else store(std::false_type{}, std::true_type{});
       return;
     }
