@@ -27,8 +27,11 @@ from bench import git_commit, pattern_indices  # noqa: E402
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import L2_FLUSH_BYTES, make_inputs, poisoned_outputs  # noqa: E402
 
+# The pre-pass's phases (pp_*) are stamped by phases.patch, on top of stamps.patch (Experiment 109), in
+# its CTAs of 1024 threads only: thread 0's slots marked, then past each barrier.
 EVENTS = ("prepass_start", "prepass_end", "grouped_start", "grouped_waited", "grouped_end", "tokens_start",
-          "tokens_done", "tokens_end")
+          "tokens_done", "tokens_end", "pp_loaded", "pp_marked", "pp_counted", "pp_scanned", "pp_listed",
+          "pp_decided")
 SHAPES = ((1024, 8192, 8), (1024, 8192, 16), (1024, 8192, 32), (1024, 131072, 8), (1024, 131072, 16),
           (4096, 8192, 16), (1024, 8192, 64))
 
@@ -38,12 +41,14 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--indices", default="realistic-glm")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--shape", type=int, nargs=3, action="append", metavar=("S_Q", "S_KV", "H_Q"),
+                        help="s_q s_kv h_q (repeatable; default: the shapes above)")
     args = parser.parse_args()
     stamps = torch.zeros(2 * len(EVENTS), dtype=torch.int64, device="cuda")
     os.environ["SPARSE_MLA_STAMPS"] = str(stamps.data_ptr())
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     rows = []
-    for s_q, s_kv, h_q in SHAPES:
+    for s_q, s_kv, h_q in args.shape or SHAPES:
         inputs = make_inputs(s_q, s_kv, h_q, 576, 2048, seed=0)
         inputs["indices"] = pattern_indices(args.indices, s_q, s_kv, 2048, 0, inputs["indices"])
         outputs = poisoned_outputs(s_q, h_q, 512)
