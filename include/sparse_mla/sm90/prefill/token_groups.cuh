@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     const uint32_t common_before = common_scan.x, all_common = common_scan.y;
     if (chunk == 0) first_common = all_common;
     // Token t's entries: the slots of its rows that made one, placed by ballots in the order of
-    // first occurrence; key_of(i, makes) is the kv row of the thread's slot of row i.
+    // first occurrence; key_of(i) is the kv row of the thread's slot of row i (read where it makes one).
     const auto list_token = [&](int t, auto key_of) {
       const uint32_t entries_before = before[t * WARPS + warp] & 0xffffu, common_here = t == 0 ? common_before : all_common;
       uint32_t at_common = chunk_begin + common_here, at_rest = chunk_begin + all_common + (entries_before - common_here);
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
       for (int i = 0; i < WARP_ROWS; ++i) {
         const bool makes = ((made >> (t * WARP_ROWS + i)) & 1u) != 0;
         if (!__any_sync(0xffffffffu, makes)) continue;  // warp-uniform: most rows of tokens past the first
-        const int32_t key = key_of(i, makes);
+        const int32_t key = key_of(i);
         const uint32_t owners = makes ? owners_of(static_cast<uint32_t>(key) - chunk) : 0u;
         const uint32_t common_ballot = __ballot_sync(0xffffffffu, owners == everyone);
         const uint32_t rest_ballot = __ballot_sync(0xffffffffu, makes && owners != everyone);
@@ -389,12 +389,18 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     if constexpr (MARKS_AT_ONCE) {
 #pragma unroll
       for (int t = 0; t < KEY_TOKENS; ++t) {
-        if (t < tokens) list_token(t, [&](int i, bool) { return keys[t][i]; });
+        if (t < tokens) list_token(t, [&](int i) { return keys[t][i]; });
       }
     } else {
-      list_token(0, [&](int i, bool) { return keys[0][i]; });
+      list_token(0, [&](int i) { return keys[0][i]; });
       for (int t = 1; t < tokens; ++t) {
-        list_token(t, [&](int i, bool makes) { return makes ? __ldg(group_in + t * TOPK + 32 * i) : 0; });
+        // Token t's slots that make an entry, loaded together: one load latency a token, not one a row.
+        int32_t later[WARP_ROWS];
+#pragma unroll
+        for (int i = 0; i < WARP_ROWS; ++i) {
+          later[i] = ((made >> (t * WARP_ROWS + i)) & 1u) != 0 ? __ldg(group_in + t * TOPK + 32 * i) : 0;
+        }
+        list_token(t, [&](int i) { return later[i]; });
       }
     }
     __syncthreads();  // the map is read: the next chunk may clear it
