@@ -1,8 +1,8 @@
-# Experiment 110 on the GPU machine, carrying .whl and .abcache (on the CPU host: apply
-# later_loads.patch, `source benchmarks/experiments/hazards/ab_trees.sh; make_trees la`, restore;
-# then later_loads_ahead.patch into .abcache/lb the same way): the rounds' list pass loading token
+# Experiment 110 on the GPU machine, carrying .whl and .abcache: the rounds' list pass loading token
 # t's slots that make an entry together (la), and a token ahead (lb). The pre-pass alone (lists
-# compared bitwise), then whole calls, then the token groups' GPU tests on la.
+# compared bitwise), then whole calls, then the token groups' GPU tests on la. Run at 7af2670, before
+# la landed; to re-run lb against main, `make_trees lb` (ab_trees.sh) with later_loads_ahead.patch
+# applied and drop la from the lines below.
 source .whl/prelude.sh >/dev/null 2>&1
 source benchmarks/experiments/hazards/ab_trees.sh
 build_2048 base la lb
