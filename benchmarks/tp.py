@@ -4,7 +4,7 @@ Serving engines shard the query heads over the GPUs of a tensor-parallel group: 
 heads leave 16 per GPU at TP 8, GLM-5- and V4-class models 8. This table times h_q 8, 16, 32, 64 and
 128 at s_q 1K and 4K, s_kv 8K and 128K (d_qk 576, topk 2048), on one index pattern, with the
 benchmark protocol of bench.py (randn q and kv quantized to e4m3, L2 flushed before every timed call,
-CUDA events, the median). Columns:
+CUDA events, the median), the head counts of one (s_q, s_kv) timed one call of each in turn. Columns:
 
 - time, and useful TFLOPS: 2 * (valid slots) * h_q * (d_qk + 512) / time, the valid slots counted in
   the indices (realistic patterns pad a short causal prefix with -1);
@@ -40,7 +40,6 @@ from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
     interleaved_median_ms,
     make_inputs,
-    median_time_ms,
     poisoned_outputs,
     reference_prefill,
     relative_error,
@@ -87,23 +86,32 @@ def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
     return incumbent_call(dispatch, dict(inputs, q=padded), shape)[0]
 
 
-def measure(s_q: int, s_kv: int, h_q: int, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
-    inputs = make_inputs(s_q, s_kv, h_q, D_QK, TOPK, seed=args.seed)
-    inputs["indices"] = pattern_indices(pattern, s_q, s_kv, TOPK, args.seed, inputs["indices"])
-    outputs = poisoned_outputs(s_q, h_q, D_V)
-    ours = lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)  # noqa: E731
-    row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern)
-    if dispatch is None:
-        row["ms"] = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
-    else:
-        times = interleaved_median_ms({"ours": ours, "incumbent": padded_incumbent_call(dispatch, inputs, s_kv)},
-                                      iters=args.iters, warmup=args.warmup)
-        row.update(ms=times["ours"], incumbent_ms=times["incumbent"], ratio_vs_incumbent=times["incumbent"] / times["ours"])
-    row["useful_tflops"] = useful_flops(inputs["indices"], s_kv, h_q) / (row["ms"] * 1e-3) / 1e12
-    ref_out, _, _ = reference_prefill(inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS],
-                                      inputs["sm_scale"], inputs["q_scale"], inputs["kv_scale"], D_V)
-    row["out_rel_err"] = relative_error(outputs["out"][:CHECK_ROWS], ref_out)
-    return row
+def measure_cell(s_q: int, s_kv: int, pattern: str, args: argparse.Namespace, dispatch=None) -> list[dict]:
+    """The rows of every head count at one (s_q, s_kv), their calls (and the incumbent's) timed one
+    call of each in turn, so that the per-head ratios against h_q 64 compare calls made under the same
+    clocks (timed one row after the other, the h_q 64 reference moved by up to 6% between two runs on one
+    machine, and the ratios with it)."""
+    calls, cases = {}, []
+    for h_q in HEAD_COUNTS:
+        inputs = make_inputs(s_q, s_kv, h_q, D_QK, TOPK, seed=args.seed)
+        inputs["indices"] = pattern_indices(pattern, s_q, s_kv, TOPK, args.seed, inputs["indices"])
+        outputs = poisoned_outputs(s_q, h_q, D_V)
+        calls[f"ours {h_q}"] = lambda inputs=inputs, outputs=outputs: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)
+        if dispatch is not None:
+            calls[f"incumbent {h_q}"] = padded_incumbent_call(dispatch, inputs, s_kv)
+        cases.append((h_q, inputs, outputs))
+    times = interleaved_median_ms(calls, iters=args.iters, warmup=args.warmup)
+    rows = []
+    for h_q, inputs, outputs in cases:
+        row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern, ms=times[f"ours {h_q}"])
+        if dispatch is not None:
+            row.update(incumbent_ms=times[f"incumbent {h_q}"], ratio_vs_incumbent=times[f"incumbent {h_q}"] / row["ms"])
+        row["useful_tflops"] = useful_flops(inputs["indices"], s_kv, h_q) / (row["ms"] * 1e-3) / 1e12
+        ref_out, _, _ = reference_prefill(inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS],
+                                          inputs["sm_scale"], inputs["q_scale"], inputs["kv_scale"], D_V)
+        row["out_rel_err"] = relative_error(outputs["out"][:CHECK_ROWS], ref_out)
+        rows.append(row)
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
@@ -176,16 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for s_q in S_Q:
         for s_kv in S_KV:
-            for h_q in HEAD_COUNTS:
-                rows.append(measure(s_q, s_kv, h_q, args.indices, args, dispatch))
-                torch.cuda.empty_cache()
-                print(f"measured {s_q}x{s_kv} h_q={h_q}: {rows[-1]['ms']:.3f} ms", file=sys.stderr)
+            rows += measure_cell(s_q, s_kv, args.indices, args, dispatch)
+            torch.cuda.empty_cache()
+            print(f"measured {s_q}x{s_kv}: " + ", ".join(f"h_q {r['h_q']} {r['ms']:.3f} ms" for r in rows[-len(HEAD_COUNTS):]),
+                  file=sys.stderr)
     per_head_cost(rows)
     now = datetime.datetime.now()
     result = dict(gpu=torch.cuda.get_device_name(), date=now.isoformat(timespec="seconds"), commit=git_commit(),
                   torch=torch.__version__, indices=args.indices, command=" ".join(["python", "benchmarks/tp.py"] + (sys.argv[1:] if argv is None else argv)),
                   protocol=f"median of {args.iters} after {args.warmup} warm-up calls, 256 MiB L2 flush, CUDA events"
-                           + ("; incumbent on q padded to 64 heads, timed call by call in turn" if dispatch else ""),
+                           + "; the head counts of one (s_q, s_kv) timed call by call in turn"
+                           + (", with the incumbent on q padded to 64 heads" if dispatch else ""),
                   rows=rows)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"tp-{args.indices}-{now:%Y%m%d-%H%M%S}.json"
