@@ -133,6 +133,12 @@ def assert_unit_lists_partition_the_call(length: torch.Tensor, units: torch.Tens
         (40, 8, 2048, "overlap", 131072),  # G 8, a byte map of 128 KB: the pre-pass's CTAs of 1024 threads
         (29, 8, 100, "hostile", 131072),   # the same, ragged topk, hostile indices
         (22, 16, 4096, "overlap", 131072),  # G 4 past topk 2048 (a byte map always): the same CTAs
+        # More groups than SMs: CTAs of 512 threads, in rounds. Realistic selections put most later
+        # tokens' entries on a few warps (their units are dealt to the warps in turn); shared neighbours
+        # in random order spread them evenly (each warp lists its own).
+        (600, 16, 2048, "realistic", 8192),
+        (600, 16, 2048, "overlap", 8192),
+        (600, 16, 2048, "realistic", 131072),  # a packed map of 4 bits a row
         # Groups of two (h_q 17-32) have a pre-pass of their own, two bitmaps of the kv rows:
         (37, 32, 64, "duplicates", 4096),   # a tail group of 1
         (29, 24, 100, "hostile", 131072),   # ragged topk, hostile indices

@@ -241,15 +241,19 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   for (int t = 0; t < KEY_TOKENS; ++t) {
     if (t == 0 || t < tokens) load_token(keys[t], t);  // a group has its token 0
   }
-  // Where the thread's slot of row i of a token lies in this chunk's map, if it is valid there.
+  // Where a token's slot `slot` (holding kv row `key`) lies in this chunk's map, if it is valid there;
+  // map_slot: the thread's slot of row i.
   struct MapSlot {
     bool valid, in;  // valid: a slot of the token's length and a kv row; in: and in the chunk
     uint32_t row, shift;
   };
-  const auto map_slot = [&](int32_t key, int i, int length, uint32_t chunk) {
-    const bool valid = first_slot + 32 * i < length && static_cast<uint32_t>(key) < static_cast<uint32_t>(p.s_kv);
+  const auto map_slot_at = [&](int32_t key, int slot, int length, uint32_t chunk) {
+    const bool valid = slot < length && static_cast<uint32_t>(key) < static_cast<uint32_t>(p.s_kv);
     const uint32_t row = static_cast<uint32_t>(key) - chunk;
     return MapSlot{valid, valid && row < map_rows, row, MAP_BITS * (row % WORD_ROWS)};
+  };
+  const auto map_slot = [&](int32_t key, int i, int length, uint32_t chunk) {
+    return map_slot_at(key, first_slot + 32 * i, length, chunk);
   };
   for (uint32_t chunk = 0; chunk < static_cast<uint32_t>(p.s_kv) && pays; chunk += map_rows) {
     for (uint32_t v = threadIdx.x; v < map_bytes / 16; v += THREADS) reinterpret_cast<uint4*>(map)[v] = uint4{};
@@ -393,14 +397,68 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
       }
     } else {
       list_token(0, [&](int i) { return keys[0][i]; });
-      for (int t = 1; t < tokens; ++t) {
-        // Token t's slots that make an entry, loaded together: one load latency a token, not one a row.
-        int32_t later[WARP_ROWS];
+      // The later tokens' entries (none common: a row every token selected is token 0's) cluster
+      // where the tokens' new rows sit in their selections, so that a few warps may hold most of
+      // them (at realistic-glm overlap the busiest warp has 12-15 times the mean). Where the
+      // busiest warp has more than 1.5 times the mean, the units of one warp's rows of one token
+      // that made an entry are dealt to the warps in turn, the k-th to warp k mod WARPS: the dealt
+      // warp reads the unit's slots again and each slot's owners from the map (a slot makes its
+      // row's entry where no token before its own selected the row, what its round found) and
+      // places them where their owner would have. Where the entries are spread evenly (uniform
+      // selections) each warp lists its own, as dealing would, without the dealing's steps
+      // (benchmarks/notes/2026-12-05.md, Experiment 114: dealt always, uniform groups of 8 took 10%
+      // longer). Block-uniform: every warp reads the same counts.
+      uint32_t later_entries = 0;  // lane w: warp w's
+      for (int t = 1; t < tokens; ++t) later_entries += lane < WARPS ? counts[t * WARPS + lane] & 0xffffu : 0u;
+      const uint32_t busiest = __reduce_max_sync(0xffffffffu, later_entries);
+      if (2 * WARPS * busiest > 3 * __reduce_add_sync(0xffffffffu, later_entries)) {
+        const int later_units = (tokens - 1) * WARPS;
+        const uint32_t below = (1u << lane) - 1;
+        uint32_t dealt = 0;  // units that made an entry, in the batches before this one
+        for (int batch = 0; batch < later_units; batch += 32) {
+          const uint32_t unit_entries = batch + lane < later_units ? counts[WARPS + batch + lane] & 0xffffu : 0u;
+          const uint32_t busy = __ballot_sync(0xffffffffu, unit_entries != 0);
+          uint32_t mine = __ballot_sync(0xffffffffu, unit_entries != 0 && (dealt + __popc(busy & below)) % WARPS == warp);
+          dealt += __popc(busy);
+          while (mine != 0) {  // warp-uniform
+            const int unit = WARPS + batch + __ffs(mine) - 1, t = unit / WARPS;
+            const int unit_slot = unit % WARPS * WARP_ROWS * 32 + lane;
+            mine &= mine - 1;
+            // The unit's slots, addressed from this thread's own (the owner warp's distance): addressed
+            // through `unit_slot - first_slot`, ptxas issued the rounds' next-token loads after their
+            // atomics instead of before, and the rounds took 6% longer
+            // (benchmarks/notes/2026-12-05.md, Experiment 115).
+            int32_t later[WARP_ROWS];
 #pragma unroll
-        for (int i = 0; i < WARP_ROWS; ++i) {
-          later[i] = ((made >> (t * WARP_ROWS + i)) & 1u) != 0 ? __ldg(group_in + t * TOPK + 32 * i) : 0;
+            for (int i = 0; i < WARP_ROWS; ++i) {
+              later[i] = ROWS_TILE_TOPK || unit_slot + 32 * i < TOPK ? __ldg(group_in + (t * TOPK + (unit % WARPS - warp) * WARP_ROWS * 32 + 32 * i)) : -1;
+            }
+            uint32_t at = chunk_begin + (before[unit] & 0xffffu);
+#pragma unroll
+            for (int i = 0; i < WARP_ROWS; ++i) {
+              const MapSlot s = map_slot_at(later[i], unit_slot + 32 * i, lengths[t], chunk);
+              const uint32_t owners = s.in ? owners_of(s.row) : 0u;
+              const bool makes = s.in && (owners & ((1u << t) - 1)) == 0;
+              const uint32_t ballot = __ballot_sync(0xffffffffu, makes);
+              if (makes) {
+                const uint32_t entry = at + __popc(ballot & below);
+                group_list[entry] = later[i];
+                entry_owner[entry] = static_cast<uint8_t>(owners);
+              }
+              at += __popc(ballot);
+            }
+          }
         }
-        list_token(t, [&](int i) { return later[i]; });
+      } else {
+        for (int t = 1; t < tokens; ++t) {
+          // Token t's slots that make an entry, loaded together: one load latency a token, not one a row.
+          int32_t later[WARP_ROWS];
+#pragma unroll
+          for (int i = 0; i < WARP_ROWS; ++i) {
+            later[i] = ((made >> (t * WARP_ROWS + i)) & 1u) != 0 ? __ldg(group_in + t * TOPK + 32 * i) : 0;
+          }
+          list_token(t, [&](int i) { return later[i]; });
+        }
       }
     }
     __syncthreads();  // the map is read: the next chunk may clear it
