@@ -139,6 +139,7 @@ def assert_unit_lists_partition_the_call(length: torch.Tensor, units: torch.Tens
         (600, 16, 2048, "realistic", 8192),
         (600, 16, 2048, "overlap", 8192),
         (600, 16, 2048, "realistic", 131072),  # a packed map of 4 bits a row
+        (600, 16, 2048, "realistic", 500_000),  # the same map in two chunks of 393,216 kv rows
         # Groups of two (h_q 17-32) have a pre-pass of their own, two bitmaps of the kv rows:
         (37, 32, 64, "duplicates", 4096),   # a tail group of 1
         (29, 24, 100, "hostile", 131072),   # ragged topk, hostile indices
