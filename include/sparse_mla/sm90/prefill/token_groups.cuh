@@ -421,17 +421,17 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
           uint32_t mine = __ballot_sync(0xffffffffu, unit_entries != 0 && (dealt + __popc(busy & below)) % WARPS == warp);
           dealt += __popc(busy);
           while (mine != 0) {  // warp-uniform
-            const int unit = WARPS + batch + __ffs(mine) - 1, t = unit / WARPS;
-            const int unit_slot = unit % WARPS * WARP_ROWS * 32 + lane;
+            const int unit = WARPS + batch + __ffs(mine) - 1, t = unit / WARPS, owner = unit % WARPS;
+            const int unit_slot = owner * WARP_ROWS * 32 + lane;
             mine &= mine - 1;
-            // The unit's slots, addressed from this thread's own (the owner warp's distance): addressed
+            // The unit's slots, addressed from this thread's own (the owner's distance): addressed
             // through `unit_slot - first_slot`, ptxas issued the rounds' next-token loads after their
             // atomics instead of before, and the rounds took 6% longer
             // (benchmarks/notes/2026-12-05.md, Experiment 115).
             int32_t later[WARP_ROWS];
 #pragma unroll
             for (int i = 0; i < WARP_ROWS; ++i) {
-              later[i] = ROWS_TILE_TOPK || unit_slot + 32 * i < TOPK ? __ldg(group_in + (t * TOPK + (unit % WARPS - warp) * WARP_ROWS * 32 + 32 * i)) : -1;
+              later[i] = ROWS_TILE_TOPK || unit_slot + 32 * i < TOPK ? __ldg(group_in + (t * TOPK + (owner - warp) * WARP_ROWS * 32 + 32 * i)) : -1;
             }
             uint32_t at = chunk_begin + (before[unit] & 0xffffu);
 #pragma unroll
