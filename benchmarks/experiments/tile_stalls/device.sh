@@ -8,7 +8,7 @@ for h in 16 8; do
   timeout 200 ncu --clock-control none -k regex:prefill_kernel --launch-skip 1 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
     python3 benchmarks/experiments/gather_bandwidth/narrow_once.py $h > /tmp/src_h$h.csv 2> $OUT/ncu_h$h.err
-  python3 benchmarks/experiments/narrow_stalls/summarize.py /tmp/src_h$h.csv 45 > $OUT/stalls_h$h.txt 2>&1
+  python3 benchmarks/experiments/tile_stalls/summarize.py /tmp/src_h$h.csv 45 > $OUT/stalls_h$h.txt 2>&1
   gzip -c /tmp/src_h$h.csv > $OUT/src_h$h.csv.gz
   head -n 32 $OUT/stalls_h$h.txt
 done
