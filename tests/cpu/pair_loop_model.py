@@ -80,8 +80,7 @@ class KernelOrder:
     # order over a token group, the producer copying each tile row's valid bits (its token's mask from
     # the pre-pass) into row_valid with the block's rows and handing each unit (group, pairs)
     # to the consumers in group_unit, a slot per unit parity, before its q_empty wait; the consumers
-    # read it after waiting for q_full, and arrive on q_empty as soon as the unit's last Q.K^T is
-    # retired; no split merge).
+    # read it after waiting for q_full; no split merge).
     tile: str = "wide"
     # The narrow tile's early release (narrow.cuh): a pair's V rows go into registers and the pair back
     # to the producer right after the pair's softmax; P.V of both blocks is one wgmma group, issued
@@ -348,9 +347,8 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
     if order.proxy_fence in ("consumer", "softmax"):
         c(fence_proxy_async("fence.proxy.async (before Q.K^T)"))
     c(*_grouped_row_words(order, stage, wg), *_issue_qk(stage, wg, narrow), warpgroup_wait(0))
-    # The grouped tile releases Q once the unit's last Q.K^T is retired; the others at its last pair.
-    early_q_empty = order.tile == "grouped"
-    if early_q_empty and n_pairs == 1:
+    # Q is released once the unit's last Q.K^T is retired.
+    if n_pairs == 1:
         c(arrive("q_empty"))
     softmax(c, order, unit.softmax[0] == "E", stage, 0, wg, _acquire_in_softmax(order, unit, pair_base, 1, wg))
 
@@ -360,8 +358,6 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
         has_next = pair + 1 < n_pairs
         next_stage = (gp + 1) % NUM_STAGES
         c.at(unit_count, pair)
-        if not early_q_empty and not has_next:
-            c(arrive("q_empty"))
         # rescale: an exact pair moves a finite reference (a unit's first starts from -inf).
         if pair > 0 and unit.softmax[pair] == "E" and not narrow:
             c(ld_shared(f"alpha[{wg}]", "rescale O by alpha", cross_thread=True))
@@ -376,7 +372,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
         c(mbarrier_wait(f"kv_full[{stage}][{1 - wg}]", phase, "mbarrier_wait (the other block)"),
           ldmatrix_x4_trans(f"kv[{stage}][0]"), arrive(f"kv_empty[{stage}][0]"), *_issue_pv(buf, 0, narrow),
           warpgroup_wait(0))
-        if early_q_empty and pair + 2 == n_pairs:
+        if pair + 2 == n_pairs:
             c(arrive("q_empty"))  # that wait retired the unit's last Q.K^T, issued above
         c(ldmatrix_x4_trans(f"kv[{stage}][1]"), arrive(f"kv_empty[{stage}][1]"), *_issue_pv(buf, 1, narrow))
         if has_next:

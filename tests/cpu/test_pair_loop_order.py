@@ -187,6 +187,19 @@ def swap_with_next(roles, agent, match):
     return {**roles, agent: events}
 
 
+def swap_with_previous(roles, agents, match):
+    """The roles with each event of `agents` that `match`es moved before the event that precedes it."""
+    mutated = dict(roles)
+    for agent in agents:
+        events = list(roles[agent])
+        moved = [i for i, event in enumerate(events) if match(event)]
+        assert moved, "the mutation matched no event: it tests nothing"
+        for i in moved:
+            events[i - 1], events[i] = events[i], events[i - 1]
+        mutated[agent] = events
+    return mutated
+
+
 def sink_past(roles, agent, match, until):
     """The roles with each event of `agent` that `match`es moved after the first later event e with
     until(moved event, e)."""
@@ -237,6 +250,14 @@ MUTATIONS = [
           "consumer 0 issue_qk reads q (unit 0 pair 2)",
           "producer cp_async_16 writes q (unit 1 pair 0)")],
         id="no q_empty wait"),
+    pytest.param(
+        # Q released before the wait that retires the unit's last Q.K^T, not after it.
+        KERNEL_ORDER, FIRST_EXACT,
+        lambda r: swap_with_previous(r, CONSUMERS, lambda e: e.op == "mbarrier.arrive" and e.target == "q_empty"),
+        [("write-after-read", "q",
+          "consumer 0 issue_qk reads q (unit 0 pair 2)",
+          "producer cp_async_16 writes q (unit 1 pair 0)")],
+        id="q_empty before the last Q.K^T's wait"),
     pytest.param(
         KERNEL_ORDER, FIRST_EXACT,
         lambda r: mutate(r, CONSUMERS, lambda e: is_wait("kv_full")(e) and e.name == "mbarrier_wait"),

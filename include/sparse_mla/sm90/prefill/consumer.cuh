@@ -328,21 +328,17 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   if constexpr (TILE == Tile::kGrouped) row_mask = row_words.mask();
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  // The grouped tile releases Q as soon as the unit's last Q.K^T is retired (here, or in the loop
-  // after block 0's P.V), half a pair before the last pair's P.V begins, so the producer loads the
-  // next unit's Q earlier: 0.2-1.3% off grouped calls at 16-32 heads. The wide tile releases it at
-  // the top of the last pair (its last Q.K^T completed in the iteration before): there the early
-  // release made its pair loop compile to another schedule, 2.3% slower on a tail-split call
-  // (437 x 8K, h_q 64) (benchmarks/notes/2026-12-03.md, Experiment 99).
-  constexpr bool EARLY_Q_EMPTY = TILE == Tile::kGrouped;
-  if (EARLY_Q_EMPTY && n_pairs == 1) mbarrier_arrive(&ss.q_empty);
+  // Q is released as soon as the unit's last Q.K^T is retired (here, or in the loop after block 0's
+  // P.V), half a pair before the last pair's P.V begins, so that the producer loads the next unit's
+  // Q earlier: 0.2-1.3% off grouped calls at 16-32 heads, 0.5-3% off the wide tile's
+  // (benchmarks/notes/2026-12-03.md, Experiment 99, and 2026-12-06.md, Experiment 124).
+  if (n_pairs == 1) mbarrier_arrive(&ss.q_empty);
   bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
     const int buf = pair % 2;
     const bool has_next = pair + 1 < n_pairs;
-    if (!EARLY_Q_EMPTY && !has_next) mbarrier_arrive(&ss.q_empty);
 
     if (rescale) {  // P.V of the previous pair is complete: O may be rewritten
 #pragma unroll
@@ -378,7 +374,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
       fence_operands(s);
     }
     // That wait retired the next pair's Q.K^T: where it was the unit's last, Q may be replaced.
-    if (EARLY_Q_EMPTY && pair + 2 == n_pairs) mbarrier_arrive(&ss.q_empty);
+    if (pair + 2 == n_pairs) mbarrier_arrive(&ss.q_empty);
     if constexpr (ONE_BLOCK) {
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);
     } else {
