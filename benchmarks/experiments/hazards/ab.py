@@ -9,6 +9,8 @@ gives each variant's median time relative to the first variant's and the incumbe
 variant's. The outputs of all
 variants are compared bitwise with the first variant's (a "!" marks a difference: a variant that
 changes arithmetic, not only ordering), and every variant's first rows against the float32 reference.
+Name each build twice: where two names of one build read more than 1% apart (short calls at 40 calls
+a variant did, by up to 6%), a line says so, and that shape's differences are noise.
 
     python benchmarks/experiments/hazards/ab.py --variant v0=.abcache/v0 --variant sw=.abcache/sw \\
         --incumbent .incumbent/sglang_q8kv8.so --json $OUT/ab.json
@@ -121,6 +123,11 @@ def main() -> None:
     args = parser.parse_args()
 
     variants = {name: (modules, mode, plan) for name, modules, mode, plan in map(load_variant, args.variant)}
+    # Names of one build (the same root and mode): their spread is the run's noise floor.
+    same_build: dict[str, list[str]] = {}
+    for spec in args.variant:
+        name, _, build = spec.partition("=")
+        same_build.setdefault(build, []).append(name)
     dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
     shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
     if args.shape:
@@ -155,6 +162,9 @@ def main() -> None:
                    out_rel_err=relative_error(outputs[first]["out"][:16], ref_out),
                    out_rel_err_of={n: relative_error(o["out"][:16], ref_out) for n, o in outputs.items()},
                    tflops={n: prefill_flops(s_q, h_q, topk, d_qk) / (t * 1e-3) / 1e12 for n, t in ms.items()})
+        spreads = [max(ms[n] for n in names) / min(ms[n] for n in names) - 1
+                   for names in same_build.values() if len(names) > 1]
+        row["same_build_spread"] = max(spreads, default=None)
         rows.append(row)
         torch.cuda.empty_cache()
         print(" ".join(f"{n} {t:.3f}" for n, t in ms.items()), shape, file=sys.stderr)
@@ -173,6 +183,10 @@ def main() -> None:
               + f"  err {row['out_rel_err']:.2e} (max {max(row['out_rel_err_of'].values()):.2e})")
     if any(not all(r["identical_to_first"].values()) for r in rows):
         print("! outputs differ from the first variant's")
+    for row in rows:
+        if row["same_build_spread"] is not None and row["same_build_spread"] > 0.01:
+            print(f"noise: names of one build read {row['same_build_spread']:.1%} apart at {row['shape']}: "
+                  "its differences are not to be read (more --iters)")
     if args.json:
         meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
                     commit=git_commit(), variants=args.variant, indices=args.indices, topk_length=args.topk_length)
