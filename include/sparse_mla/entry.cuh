@@ -283,11 +283,11 @@ inline void check_launch(cudaError_t status, const char* what) {
 // q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
 // out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
 // items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
-// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32
-// of zeros (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin == items and both are
-// None. Token groups (detail::check_token_groups): with group_size > 1 (no tail split), `grouped`
-// launches the groups whose lists token_groups_fwd built (group_length >= 0), otherwise the tokens of
-// the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
+// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32,
+// which the launch zeroes first (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin ==
+// items and both are None. Token groups (detail::check_token_groups): with group_size > 1 (no tail
+// split), `grouped` launches the groups whose lists token_groups_fwd built (group_length >= 0),
+// otherwise the tokens of the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
 template <int D_QK, int TOPK>
 void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  ffi::TensorView q_scale, ffi::TensorView kv_scale,
@@ -346,7 +346,8 @@ TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::O
 // describes. A group whose list holds more than max_union_ratio entries per valid slot gets
 // group_length -1, and its list is not read (left as it was, but past map_capacity kv rows, where the
 // chunks before the one that decides it are written). Each group is appended to a unit list of
-// group_units, whose two counts (group_units[0:2]) must be zero. Launches on the caller's current stream.
+// group_units, whose two counts (group_units[0:2]) the launch zeroes first. Launches on the caller's
+// current stream.
 template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,

@@ -54,7 +54,7 @@ struct PrefillParams {
   int split_begin;             // first split work item, in [0, s_q * ceil(h_q / 64)]
   int split_parts;             // parts per split item, 1 .. 4
   float* split_workspace;      // [items - split_begin, split_parts, PART_FLOATS] fp32 partial states
-  int32_t* split_counters;     // [items - split_begin], zero at launch: parts of each item finished
+  int32_t* split_counters;     // [items - split_begin], zeroed by launch_prefill: parts of each item finished
 
   // Token groups (sm90/prefill/token_groups.cuh), for h_q <= 32: query tokens G * k .. G * k + G - 1
   // (G = group_size) form group k, whose union of valid slots prefill_kernel_token_groups lists once. A group
@@ -84,7 +84,7 @@ struct TokenGroupParams {
   int32_t* group_indices;
   uint64_t* group_masks;
   int32_t* group_length;
-  int32_t* group_units;           // its two counts zero at launch
+  int32_t* group_units;           // its two counts zeroed by launch_token_groups
 };
 
 }  // namespace sparse_mla

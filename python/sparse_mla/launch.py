@@ -191,10 +191,10 @@ def launch(
     workspace = counters = None
     if split_parts > 1:
         # Per call, from torch's caching allocator on the current stream: a concurrent call on another
-        # stream gets its own, and a CUDA graph captures the zeroing of the counters with the launch,
-        # so every replay starts from zero.
+        # stream gets its own. The module zeroes the counters in a kernel ahead of the prefill kernel's
+        # launch, which a CUDA graph captures with it, so every replay starts from zero.
         workspace = q.new_empty((items - split_begin, split_parts, SPLIT_PART_FLOATS), dtype=torch.float32)
-        counters = q.new_zeros((items - split_begin,), dtype=torch.int32)
+        counters = q.new_empty((items - split_begin,), dtype=torch.int32)
     getattr(module, ENTRY_FUNCTION)(
         q,
         kv,
@@ -240,12 +240,12 @@ def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> 
     """The pre-pass's outputs for s_q tokens in groups of ``group`` (from torch's caching allocator on
     the current stream): per group its list of kv rows (int32), its tokens' masks (per block of 64
     entries that a pair of blocks can read, one 64-bit word per token; traits.cuh) and its length
-    (int32), uninitialized; and the two launches' unit lists (int32: their two lengths, then at most
-    every group, then at most every token; traits.cuh's group_units_size), zeroed, as the pre-pass,
-    which appends to them, needs them on every run."""
+    (int32); and the two launches' unit lists (int32: their two lengths, then at most every group, then
+    at most every token; traits.cuh's group_units_size). All uninitialized: the pre-pass's launch zeroes
+    the two lengths before it appends to the lists (a kernel of its own, which the pre-pass overlaps)."""
     groups = (s_q + group - 1) // group
     mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
     return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
             torch.empty((groups, mask_blocks, group), dtype=torch.int64, device=device),
             torch.empty((groups,), dtype=torch.int32, device=device),
-            torch.zeros((2 + groups + s_q,), dtype=torch.int32, device=device))
+            torch.empty((2 + groups + s_q,), dtype=torch.int32, device=device))

@@ -52,8 +52,10 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     kernels = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert kernels, log
     # Only this key's instantiation (the template arguments are mangled as Li<value>E; the token
-    # groups' pre-pass depends on topk alone).
-    assert all((f"Li{key.d_qk}E" in k or "token_groups" in k) and f"Li{key.topk}E" in k for k in kernels), kernels
+    # groups' pre-pass depends on topk alone, the counters' zeroing on neither).
+    assert all((f"Li{key.d_qk}E" in k or "token_groups" in k) and f"Li{key.topk}E" in k
+               for k in kernels if "zero_counts" not in k), kernels
+    assert sum("zero_counts" in k for k in kernels) == 1, kernels
     assert f"{key.name}.cu" in log and all(other.name not in log for other in KEYS if other != key)
     # ptxas reports each kernel's frame right after its "Compiling entry function" line.
     frames = dict(zip(kernels, re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)))

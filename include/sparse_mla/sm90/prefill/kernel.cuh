@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   }
   // A token-grouped call's launch of the tokens that run one by one starts beside the grouped launch:
   // it finishes after it, so that the call's outputs are all written when the caller's next kernel
-  // starts.
+  // starts. (In a split call the grid ahead is the counters' zeroing, long done.)
   if constexpr (TILE != Tile::kGrouped) wait_for_grid_ahead();
 #endif
 }

@@ -42,10 +42,18 @@ cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream
   // A token-grouped call's launches follow the pre-pass with programmatic stream serialization: the
   // grouped launch's CTAs start as the pre-pass's leave their SMs and wait for it before they read its
   // lists; the launch behind it reads only those lists, complete once every grouped CTA has passed
-  // that wait, and starts on the SMs the grouped launch's last round leaves idle (kernel.cuh). Other calls
-  // follow the caller's kernels and launch plainly.
+  // that wait, and starts on the SMs the grouped launch's last round leaves idle (kernel.cuh). A split
+  // call follows the zeroing of its counters the same way, and waits for it only where it counts a
+  // part (split.cuh). Other calls follow the caller's kernels and launch plainly.
+  const bool split = params.split_parts > 1;
+  if (split) {
+    const int64_t items = static_cast<int64_t>(params.s_q) * prefill::num_head_blocks(params);
+    const prefill::Counts counters{params.split_counters, static_cast<int>(items - params.split_begin)};
+    err = prefill::launch_kernel(prefill::prefill_kernel_zero_counts, counters, 1, 256, 0, stream, false);
+    if (err != cudaSuccess) return err;
+  }
   return prefill::launch_kernel(kernel, params, static_cast<unsigned>(units < sms ? units : sms), prefill::NUM_THREADS,
-                                smem_bytes, stream, params.group_length != nullptr);
+                                smem_bytes, stream, params.group_length != nullptr || split);
 }
 
 }  // namespace sparse_mla::sm90

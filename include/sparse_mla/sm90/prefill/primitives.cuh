@@ -43,6 +43,21 @@ cudaError_t launch_kernel(Kernel kernel, const Params& params, unsigned grid, un
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
+// A call's counters (the tail split's, the token groups' unit lists'), zeroed ahead of the kernel that
+// counts in them, which is launched after it with programmatic stream serialization and waits for it
+// (wait_for_grid_ahead) only right before its first atomic: so that kernel's launch and everything
+// it does before overlap this one's whole life, where a fill by the caller (torch.zeros) would sit
+// ahead of it until its last block exited. Launched plainly, it begins after everything ahead of it on
+// the stream, so what the counting kernel reads before its wait was written before this one began.
+struct Counts {
+  int32_t* data;
+  int n;
+};
+static __global__ void prefill_kernel_zero_counts(const Counts counts) {
+  allow_dependent_grid();
+  for (int i = threadIdx.x; i < counts.n; i += blockDim.x) counts.data[i] = 0;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -100,7 +100,7 @@ __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& pa
 
 // The launch's work units: in a token-grouped call, the length of its list in group_units (written by
 // the pre-pass, which ran before this launch on its stream; clamped to the list's room, which only
-// counts that were not zero before the pre-pass exceed).
+// counts that the pre-pass did not write, from a caller of prefill_fwd, exceed).
 template <Tile TILE>
 __device__ __forceinline__ int num_launch_units(const PrefillParams& params) {
   if (params.group_units != nullptr) {

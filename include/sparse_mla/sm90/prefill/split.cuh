@@ -50,7 +50,10 @@ __device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, S
   // the last part's reads come after its atomic saw every other part's increment.
   __threadfence();
   named_barrier_sync<kSplitMerge, NUM_CONSUMER_THREADS>();
-  if (t == 0) ss.split_last = atomicAdd(params.split_counters + (w.item - params.split_begin), 1) == parts - 1;
+  if (t == 0) {
+    wait_for_grid_ahead();  // the counters' zeroing (launch.cuh)
+    ss.split_last = atomicAdd(params.split_counters + (w.item - params.split_begin), 1) == parts - 1;
+  }
   named_barrier_sync<kSplitMerge, NUM_CONSUMER_THREADS>();
   // Read through lane 0, so that ptxas knows the branch warp-uniform: a divergent exit from the unit
   // loop would move the pair loop's descriptor arithmetic out of the uniform registers.

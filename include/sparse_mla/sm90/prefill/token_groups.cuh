@@ -134,10 +134,9 @@ __device__ __forceinline__ uint2 scan_warp_counts(uint32_t count, int warp) {
 }
 
 // Group blockIdx.x's length (-1: it runs token by token), and the group, or its tokens, appended to
-// the unit list of the launch that runs it. (Counts that were not zero at launch are a caller's
-// error; the bounds keep it from writing outside the lists.)
+// the unit list of the launch that runs it.
 __device__ __forceinline__ void decide_group(const TokenGroupParams& p, int32_t length) {
-  wait_for_grid_ahead();  // the lists' counts are zeroed by the kernel ahead (launch_token_groups)
+  wait_for_grid_ahead();  // prefill_kernel_zero_counts, ahead of the pre-pass (launch_token_groups)
   p.group_length[blockIdx.x] = length;
   if (length >= 0) {
     const uint32_t k = atomicAdd(p.group_units, 1);
@@ -655,21 +654,22 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
   }
 }
 
-// Launches the pre-pass for p.group_size * TOPK <= MAX_GROUP_SLOTS on `stream`; never synchronizes.
-// One CTA per group, with programmatic stream serialization: the kernel ahead on the stream is the
-// zeroing of the unit lists' counts, which the pre-pass waits for only where it appends to them
-// (decide_group), so its launch and its rounds overlap it. Everything else the pre-pass reads was
-// written before that kernel began.
+// Launches the zeroing of the unit lists' two counts (prefill_kernel_zero_counts), then the pre-pass
+// for p.group_size * TOPK <= MAX_GROUP_SLOTS, one CTA per group, on `stream`; never synchronizes. The
+// pre-pass may start as soon as the zeroing has begun, and waits for it only where it appends to the
+// counts (decide_group).
 template <int TOPK>
 cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) {
   if constexpr (max_group_size(TOPK) < 2) {
     return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
   } else {
+    cudaError_t err = launch_kernel(prefill_kernel_zero_counts, Counts{p.group_units, 2}, 1, 32, 0, stream, false);
+    if (err != cudaSuccess) return err;
     if constexpr (PAIR_KERNEL<TOPK>) {
       if (pair_bitmaps_fit<TOPK>(p.group_size, p.s_kv)) {
         const int smem_bytes = pair_shared_bytes(p.s_kv);
-        cudaError_t err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+        err = cudaFuncSetAttribute(prefill_kernel_token_groups_of_two<TOPK>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         if (err != cudaSuccess) return err;
         return launch_kernel(prefill_kernel_token_groups_of_two<TOPK>, p, num_groups(p), GROUP_THREADS, smem_bytes,
                              stream, true);
@@ -677,7 +677,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
     }
     const int bits = group_map_bits<TOPK>(p.group_size, p.s_kv);
     int device = 0, sms = 0;
-    cudaError_t err = cudaGetDevice(&device);
+    err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     const int threads = group_threads<TOPK>(p.group_size, p.s_kv, bits, num_groups(p) <= sms);
