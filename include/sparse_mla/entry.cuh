@@ -287,7 +287,8 @@ inline void check_launch(cudaError_t status, const char* what) {
 // which the launch zeroes first (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin ==
 // items and both are None. Token groups (detail::check_token_groups): with group_size > 1 (no tail
 // split), `grouped` launches the groups whose lists token_groups_fwd built (group_length >= 0),
-// otherwise the tokens of the others. Launches on the stream tvm-ffi took from torch (the caller's current stream).
+// otherwise the tokens of the others. Launches on the stream tvm-ffi took from torch (the caller's
+// current stream).
 template <int D_QK, int TOPK>
 void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                  ffi::TensorView q_scale, ffi::TensorView kv_scale,

@@ -47,10 +47,8 @@ cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream
   // part (split.cuh). Other calls follow the caller's kernels and launch plainly.
   const bool split = params.split_parts > 1;
   if (split) {
-    const int64_t items = static_cast<int64_t>(params.s_q) * prefill::num_head_blocks(params);
-    const prefill::Counts counters{params.split_counters, static_cast<int>(items - params.split_begin)};
-    err = prefill::launch_kernel(prefill::prefill_kernel_zero_counts, counters, 1, 256, 0, stream, false);
-    if (err != cudaSuccess) return err;
+    const int split_items = static_cast<int>((units - params.split_begin) / params.split_parts);  // never grouped
+    if ((err = prefill::launch_zero_counts(params.split_counters, split_items, stream)) != cudaSuccess) return err;
   }
   return prefill::launch_kernel(kernel, params, static_cast<unsigned>(units < sms ? units : sms), prefill::NUM_THREADS,
                                 smem_bytes, stream, params.group_length != nullptr || split);

@@ -57,6 +57,9 @@ static __global__ void prefill_kernel_zero_counts(const Counts counts) {
   allow_dependent_grid();
   for (int i = threadIdx.x; i < counts.n; i += blockDim.x) counts.data[i] = 0;
 }
+static cudaError_t launch_zero_counts(int32_t* data, int n, cudaStream_t stream) {
+  return launch_kernel(prefill_kernel_zero_counts, Counts{data, n}, 1, 256, 0, stream, false);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -663,7 +663,7 @@ cudaError_t launch_token_groups(const TokenGroupParams& p, cudaStream_t stream) 
   if constexpr (max_group_size(TOPK) < 2) {
     return cudaErrorInvalidValue;  // no group of TOPK slots fits: the pre-pass is not compiled
   } else {
-    cudaError_t err = launch_kernel(prefill_kernel_zero_counts, Counts{p.group_units, 2}, 1, 32, 0, stream, false);
+    cudaError_t err = launch_zero_counts(p.group_units, 2, stream);
     if (err != cudaSuccess) return err;
     if constexpr (PAIR_KERNEL<TOPK>) {
       if (pair_bitmaps_fit<TOPK>(p.group_size, p.s_kv)) {
