@@ -16,7 +16,7 @@ import torch
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.launch import group_size, max_union_ratio, token_group_lists
-from sparse_mla.testing import (PRESETS, make_inputs, realistic_indices, with_duplicated_groups,
+from sparse_mla.testing import (PRESETS, make_inputs, poisoned_outputs, realistic_indices, with_duplicated_groups,
                                 with_shared_neighbours)
 
 pytestmark = pytest.mark.gpu
@@ -291,3 +291,59 @@ def test_grouped_calls_replay_in_a_cuda_graph(prefill_fwd, seed):
     torch.cuda.synchronize()
     for name, a, b in zip(("out", "max_logits", "lse"), eager, (out, max_logits, lse)):
         assert torch.equal(a, b), f"seed {seed}: the replay's {name} differs from the eager call's"
+
+
+def _rows_selecting(indices: torch.Tensor, kv_row: int) -> list[int]:
+    return sorted(set(torch.nonzero((indices[:, 0] == kv_row).any(dim=-1)).flatten().tolist()))
+
+
+@pytest.mark.parametrize("where", ["nope", "rope", "two tokens"])
+@pytest.mark.parametrize("h_q", [8, 16, 32, 12])
+def test_a_nan_kv_row_reaches_only_the_tokens_that_selected_it(prefill_fwd, accept, seed, monkeypatch, h_q, where):
+    """A token group gathers the union of its tokens' rows for every row of its tile and masks each
+    token's unselected entries by P = 0: a NaN in such a row's V must not reach, through 0 x NaN, the
+    tokens that did not select it. One kv row gets one e4m3 NaN (in a nope column: V and Q.K^T; in a
+    rope column: Q.K^T only), selected by one token, or by two of its group ("two tokens"). The
+    tokens are two requests of one batch over a shared context, the first one's last token (the
+    poisoned one) and the second one's first tokens in one group. In the automatic mode and with
+    every group grouped, the selecting tokens' out, max_logits and lse are NaN, as with the one-token
+    tiles (``never``), and every other token is finite and within the acceptance rule."""
+    s_kv, topk = 8192, 2048
+    group = group_size(h_q, topk)
+    s_q = 4 * group
+    inputs = make_inputs(s_q=s_q, s_kv=s_kv, h_q=h_q, topk=topk, seed=seed)
+    inputs = with_shared_neighbours(inputs, group, 0.97, seed)  # duplicate-free: the groups form
+    indices = inputs["indices"]
+    poisoned_token = group + group // 2 - 1  # the first request's last token, mid-group
+    generator = torch.Generator().manual_seed(seed)
+    slot = int(torch.randint(0, topk, (1,), generator=generator))
+    kv_row = int(indices[poisoned_token, 0, slot])
+    selecting = [poisoned_token]
+    if where == "two tokens":  # a neighbour of the second request selects it too, in place of one of its own
+        neighbour = poisoned_token + 1
+        if kv_row not in indices[neighbour, 0].tolist():
+            indices[neighbour, 0, int(torch.randint(0, topk, (1,), generator=generator))] = kv_row
+        selecting.append(neighbour)
+    others = torch.ones(s_q, dtype=torch.bool, device="cuda")
+    others[selecting] = False
+    indices[others] = torch.where(indices[others] == kv_row, -1, indices[others])  # only `selecting` read it
+    assert _rows_selecting(indices, kv_row) == selecting
+    column = 100 if where != "rope" else 512 + 17
+    inputs["kv"].view(torch.uint8)[kv_row, 0, column] = 0x7F  # one e4m3 NaN
+    context = describe(seed, h_q=h_q, group=group, where=where, kv_row=kv_row, selecting=selecting)
+
+    _, _, length, units = device_lists(inputs, group, max_union_ratio(h_q))
+    assert length[poisoned_token // group] >= 0, f"{context}: the poisoned token's group should run grouped"
+    assert (length >= 0).all(), f"{context}: every group should run grouped ({length.tolist()})"
+
+    rest = {**inputs, "q": inputs["q"][others], "indices": indices[others]}
+    results = {}
+    for mode in ("auto", "always", "never"):
+        monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", mode)
+        out, max_logits, lse = prefill_fwd(**inputs, **poisoned_outputs(s_q, h_q, 512, device="cuda"))
+        for name, tensor in (("out", out), ("max_logits", max_logits), ("lse", lse)):
+            assert tensor[selecting].float().isnan().all(), f"{context}, {mode}: {name} of a selecting token is not all NaN"
+        accept((out[others], max_logits[others], lse[others]), rest, f"{context}, {mode}: the other tokens")
+        results[mode] = out
+    for mode in ("auto", "always"):
+        assert torch.equal(results[mode].isnan(), results["never"].isnan()), f"{context}: NaN where the one-token tiles have none"

@@ -100,6 +100,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
 
 // Which of this thread's logits of a block have a valid slot: the wide tile's mask, one for all rows.
 struct BlockMask {
+  static constexpr bool kSharedByTokens = false;  // see RowMask
   uint64_t valid;  // the block's valid bits, shifted so that bit 8j + e is slot 8j + 2c + e
   // s[k]'s slot is valid (k = 4j + 2h + e).
   __device__ __forceinline__ bool is_valid(int k) const { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; }
@@ -108,6 +109,11 @@ struct BlockMask {
 // The grouped tile's mask: rows h = 0, 1 of the thread belong to different tokens, each with its own
 // slots. Only the thread's 16 slots per row are kept, in one register (the pair loop has none to spare).
 struct RowMask {
+  // The block holds the union of several tokens' rows, and P.V multiplies every row of the tile with
+  // every gathered row: a NaN in a row's V would reach, through 0 x NaN, the tokens that did not
+  // select it. So the softmax tells the pair loop where a block may hold one (softmax_to_probs), and
+  // the pair loop clears V's NaNs in its registers there (clear_nans).
+  static constexpr bool kSharedByTokens = true;
   uint32_t valid;  // bit 8 (j % 4) + 4 (j / 4) + 2h + e: slot 8j + 2c + e is valid for row h
   __device__ __forceinline__ bool is_valid(int k) const {
     const int j = k / 4;
@@ -182,6 +188,20 @@ struct BlockLogits {
   }
 };
 
+// V's NaN bytes (e4m3 S.1111.111) set to 0, in the A fragments of one block: adding 1 to a byte's low
+// 7 bits carries into its bit 7 exactly when they are all ones, and prmt's sign mode (selector 8 + i)
+// spreads bit 7 of byte i over the byte.
+__device__ __forceinline__ void clear_nans(uint32_t (&a)[2][4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[ks][i][r] &= ~prmt((a[ks][i][r] & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u);
+    }
+  }
+}
+
 // The grouped tile's valid bits of this thread's two rows for consumer wg's block of stage `stage`, as
 // the producer copied them (one word per row's token). The pair loop loads them before it issues the
 // pair's Q.K^T and turns them into a RowMask after, so that the loads' latency passes behind the
@@ -212,22 +232,24 @@ __device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
-                                                 int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
+                                                 int buf, float scale_log2, ConsumerState& st, RowMask row_mask,
+                                                 bool& v_nan) {
   const ConsumerThread thread = consumer_thread_of_index();
   if constexpr (TILE == Tile::kGrouped) {
-    return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st);
+    return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st,
+                            v_nan);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
     return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},
-                            valid_bits == ~0ull, buf, thread, st);
+                            valid_bits == ~0ull, buf, thread, st, v_nan);
   }
 }
 
 // The same from the block's logits and whether all of this thread's slots are valid (the common case:
-// no masking).
+// no masking). With a RowMask, v_nan tells whether either block of the pair may hold a NaN in V.
 template <int D_QK, typename Mask>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const BlockLogits<Mask>& logits, bool all_valid,
-                                                 int buf, const ConsumerThread& thread, ConsumerState& st) {
+                                                 int buf, const ConsumerThread& thread, ConsumerState& st, bool& v_nan) {
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
@@ -241,13 +263,22 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   // both have passed the barrier below: retire it before arriving (the barrier then orders the
   // tensor cores' reads before those stores). Block 0's P.V was retired before this softmax.
   cute::warpgroup_wait<0>();
-  bool moved = false;
+  bool moved = false, nan = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_max[h] = max_nan(st.row_max[h], mloc[h]);
     // A difference, not mloc > reference + slack: the sum rounds to the reference itself once
     // |reference| >= 2^27. False while mloc is -inf or NaN.
     moved = moved || mloc[h] - st.reference[h] > REFERENCE_SLACK;
+    nan = nan || isnan(mloc[h]);
+  }
+  // A NaN in a gathered row's V columns (K's first D_V) is NaN in its logit of every row of the tile,
+  // and the row is in the block because some row's token selected it: that row's max is NaN. So a
+  // pair whose rows' maxima are all numbers has no NaN in V; one that may takes the exact path, which
+  // tells the pair loop.
+  if constexpr (Mask::kSharedByTokens) {
+    v_nan = false;
+    moved = moved || nan;
   }
   if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
 #pragma unroll
@@ -261,7 +292,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
     mloc[h] = quad_max(mloc[h]);
     if (c == 0) ss.row_max[wg][frag_row(warp, g, h)] = mloc[h];
   }
-  named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+  if constexpr (Mask::kSharedByTokens) v_nan = named_barrier_sync_or<kRowMaxReady, NUM_CONSUMER_THREADS>(nan);
+  else named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
   // Both consumers derive the same reference and alpha from the same two maxima.
   bool rescale = false;
   float alpha[2];
@@ -322,6 +354,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
   // masks each of its logits before using it, whatever s holds.
   RowMask row_mask{};  // the grouped tile's, of the pair whose softmax comes next
+  bool v_nan = false;  // the grouped tile's: V of the pair whose P.V comes next may hold a NaN
   [[maybe_unused]] RowValidWords row_words{};
   if constexpr (TILE == Tile::kGrouped) row_words = grouped_row_words(ss, first.index, wg);
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
@@ -333,7 +366,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   // Q earlier: 0.2-1.3% off grouped calls at 16-32 heads, 0.5-3% off the wide tile's
   // (benchmarks/notes/2026-12-03.md, Experiment 99, and 2026-12-06.md, Experiment 124).
   if (n_pairs == 1) mbarrier_arrive(&ss.q_empty);
-  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
+  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask, v_nan);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
@@ -366,6 +399,9 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
+      if constexpr (TILE == Tile::kGrouped) {
+        if (v_nan) clear_nans(a);
+      }
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
       // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
       mbarrier_arrive(&ss.kv_empty[stage.index][0]);
@@ -380,10 +416,13 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     } else {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
+      if constexpr (TILE == Tile::kGrouped) {
+        if (v_nan) clear_nans(a);
+      }
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st, row_mask);
+    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st, row_mask, v_nan);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
