@@ -1,19 +1,21 @@
 """Builds of the kernel from different sources, timed side by side in one process (and the incumbent).
 
-Each variant is a cache root that `python -m sparse_mla prebuild` filled from one source tree (see
-README.md beside this file). For every shape, all variants run on the same inputs through the
-package's own launch plan (`sparse_mla.launch.launch` with the variant's module), interleaved call
-by call with the incumbent (`sparse_mla.testing.interleaved_median_ms`: a new random order every
-turn), L2 flushed before each timed call; the table
-gives each variant's median time relative to the first variant's and the incumbent's over each
-variant's. The outputs of all
-variants are compared bitwise with the first variant's (a "!" marks a difference: a variant that
-changes arithmetic, not only ordering), and every variant's first rows against the float32 reference.
-Name each build twice: where two names of one build read more than 1% apart (short calls at 40 calls
-a variant did, by up to 6%), a line says so, and that shape's differences are noise.
+Each variant is a cache root that `python -m sparse_mla prebuild` filled from one source tree. For
+every shape, all variants run on the same inputs through the package's own launch plan
+(`sparse_mla.launch.launch` with the variant's module), interleaved call by call with the incumbent
+(`sparse_mla.testing.interleaved_median_ms`: a new random order every turn), L2 flushed before each
+timed call; the table gives each variant's median time relative to the first variant's and the
+incumbent's over each variant's. The outputs of all variants are compared bitwise with the first
+variant's (a "!" marks a difference: a variant that changes arithmetic, not only ordering), and every
+variant's first rows against the float32 reference. Name each build twice: where two names of one
+build read more than 1% apart (short calls at 40 calls a variant did, by up to 6%), a line says so,
+and that shape's differences are noise.
 
-    python benchmarks/experiments/hazards/ab.py --variant v0=.abcache/v0 --variant sw=.abcache/sw \\
-        --incumbent .incumbent/sglang_q8kv8.so --json $OUT/ab.json
+    python benchmarks/ab.py --variant base=/tmp/ab/base --variant new=/tmp/ab/new --variant base2=/tmp/ab/base \\
+        --indices realistic-glm --shape 4096,8192,16,576,2048 --incumbent .incumbent/sglang_q8kv8.so --json ab.json
+
+`benchmarks/ab.sh` makes the source trees (HEAD and the working tree), builds them side by side on
+the GPU machine and runs this script on them: an experiment's device command is a few lines of it.
 """
 
 from __future__ import annotations
@@ -28,36 +30,23 @@ import sys
 import torch
 import tvm_ffi
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/bench.py: no package
-from bench import git_commit, incumbent_call  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
+from common import INDEX_PATTERNS, SHAPES, git_commit, incumbent_call, pattern_indices  # noqa: E402
 
 from sparse_mla.jit import ENTRY_FUNCTION  # noqa: E402
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
 from sparse_mla.launch import launch  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
-    PRESETS,
     interleaved_median_ms,
     make_inputs,
     poisoned_outputs,
     prefill_flops,
-    realistic_indices,
     reference_prefill,
     relative_error,
 )
 
-# The benchmark table's shapes (benchmarks/bench.py SHAPES): (s_q, s_kv, h_q, d_qk, topk).
-SHAPES = [
-    (4096, 8192, 128, 576, 2048),
-    (4096, 32768, 128, 576, 2048),
-    (4096, 65536, 128, 576, 2048),
-    (4096, 131072, 128, 576, 2048),
-    (4096, 32768, 64, 576, 2048),
-    (437, 8192, 64, 576, 2048),
-    (4096, 8192, 64, 512, 512),
-    (4096, 32768, 64, 512, 512),
-    (1024, 65536, 128, 576, 2048),
-]
-QUICK = (0, 3, 5, 6)
+SHAPE_FIELDS = ("s_q", "s_kv", "h_q", "d_qk", "topk")
+QUICK = (0, 3, 5, 6)  # of the benchmark table: h_q 128 at 8K and 128K, small s_q, d_qk 512 / topk 512
 
 
 class LegacyModule:
@@ -107,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", action="append", required=True, metavar="NAME=CACHE_ROOT[:MODE][@PLAN]")
     parser.add_argument("--incumbent", type=pathlib.Path, metavar="SO")
-    parser.add_argument("--indices", choices=("uniform",) + tuple(PRESETS), default="uniform")
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform")
     parser.add_argument("--quick", action="store_true", help=f"only shapes {QUICK}")
     parser.add_argument("--shape", action="append", metavar="S_Q,S_KV,H_Q,D_QK,TOPK",
                         help="time these shapes instead of the benchmark table's")
@@ -129,7 +118,8 @@ def main() -> None:
         name, _, build = spec.partition("=")
         same_build.setdefault(build, []).append(name)
     dispatch = tvm_ffi.load_module(str(args.incumbent))["dispatch"] if args.incumbent else None
-    shapes = [SHAPES[i] for i in QUICK] if args.quick else SHAPES
+    table = [tuple(shape[name] for name in SHAPE_FIELDS) for shape in SHAPES]
+    shapes = [table[i] for i in QUICK] if args.quick else table
     if args.shape:
         shapes = [tuple(int(x) for x in spec.split(",")) for spec in args.shape]
     rows = []
@@ -137,8 +127,7 @@ def main() -> None:
         s_q, s_kv, h_q, d_qk, topk = shape
         inputs = make_inputs(s_q, s_kv, h_q, d_qk, topk, seed=0, topk_length=args.topk_length)
         lengths = inputs["topk_length"]
-        if args.indices != "uniform":
-            inputs["indices"] = realistic_indices(s_q, s_kv, topk, **PRESETS[args.indices], seed=0)
+        inputs["indices"] = pattern_indices(args.indices, s_q, s_kv, topk, 0, inputs["indices"])
         calls, outputs = {}, {}
         shared = poisoned_outputs(s_q, h_q) if args.shared_outputs else None
         for name, (modules, mode, plan) in variants.items():
@@ -149,7 +138,7 @@ def main() -> None:
                     inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None, lengths,
                     o["out"], o["max_logits"], o["lse"], inputs["sm_scale"], bi, module=m, token_groups=tg))
         if dispatch is not None:
-            shape_args = dict(zip(("s_q", "s_kv", "h_q", "d_qk", "topk"), shape))
+            shape_args = dict(zip(SHAPE_FIELDS, shape))
             calls["incumbent"] = incumbent_call(dispatch, inputs, shape_args)[0]
         ms = interleaved_median_ms(calls, iters=args.iters)
         first = next(iter(variants))
