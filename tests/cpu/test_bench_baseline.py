@@ -29,11 +29,11 @@ def _result(rows, indices="uniform", **extra):
 
 
 def test_a_baseline_table_keeps_the_shape_the_times_and_the_errors_only(bench):
-    table = bench.baseline_table(_result([_row(ratio=1.3)]), source="archive/run.json")
+    table = bench.baseline_table(_result([_row(ratio=1.3)]), source="bench-uniform-run.json")
     (row,) = table["rows"]
     assert set(row) == {"s_q", "s_kv", "h_q", "d_qk", "topk", "ms", "tflops", "incumbent_ms", "incumbent_tflops",
                         "ratio_vs_incumbent", "out_rel_err", "lse_rel_err", "max_logits_rel_err"}
-    assert table["commit"] == "a7dd047" and table["gpu"] == "NVIDIA H200" and table["source"] == "archive/run.json"
+    assert table["commit"] == "a7dd047" and table["gpu"] == "NVIDIA H200" and table["source"] == "bench-uniform-run.json"
 
 
 def test_the_command_is_the_recorded_one_or_rebuilt_from_the_run(bench):
