@@ -37,66 +37,31 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import torch
 
-from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-from sparse_mla.testing import (
-    PRESETS,
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
+from common import INDEX_PATTERNS, RESULTS_DIR, SHAPES, git_commit, incumbent_call, pattern_indices  # noqa: E402
+
+from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
+from sparse_mla.testing import (  # noqa: E402
     index_overlap_stats,
     interleaved_median_ms,
     make_inputs,
     median_time_ms,
     poisoned_outputs,
     prefill_flops,
-    realistic_indices,
     reference_prefill,
     relative_error,
 )
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 BASELINE = RESULTS_DIR / "baseline.json"
 CHECK_ROWS = 16
 
-# The incumbents measured on one H200 (2026-11-30, in their own runs; `--incumbent` measures side by side): (s_q, s_kv, h_q, d_qk, topk, sglang Q8KV8, FlashMLA bf16, target) TFLOPS.
-SHAPES = [
-    dict(s_q=4096, s_kv=8192, h_q=128, d_qk=576, topk=2048, sglang=716, flashmla=589, target=1070),
-    dict(s_q=4096, s_kv=32768, h_q=128, d_qk=576, topk=2048, sglang=654, flashmla=626, target=980),
-    dict(s_q=4096, s_kv=65536, h_q=128, d_qk=576, topk=2048, sglang=634, flashmla=546, target=950),
-    dict(s_q=4096, s_kv=131072, h_q=128, d_qk=576, topk=2048, sglang=625, flashmla=488, target=940),
-    dict(s_q=4096, s_kv=32768, h_q=64, d_qk=576, topk=2048, sglang=603, flashmla=607, target=900),
-    dict(s_q=437, s_kv=8192, h_q=64, d_qk=576, topk=2048, sglang=470, flashmla=438, target=700),
-    dict(s_q=4096, s_kv=8192, h_q=64, d_qk=512, topk=512, sglang=511, flashmla=518, target=770),
-    dict(s_q=4096, s_kv=32768, h_q=64, d_qk=512, topk=512, sglang=499, flashmla=488, target=750),
-    dict(s_q=1024, s_kv=65536, h_q=128, d_qk=576, topk=2048, sglang=614, flashmla=591, target=920),
-]
 QUICK = (0, 5, 6)  # one of each regime: h_q 128 at 8K, small s_q, d_qk 512 / topk 512
-# Each pattern also with "-sorted": every token's rows in ascending kv-row order (invalid slots last)
-# instead of the indexer's score order, as an engine that sorts its indices passes them; neighbouring
-# tokens then list their shared rows in the same order.
-INDEX_PATTERNS = tuple(p + s for p in ("uniform", "realistic-glm", "realistic-dsv4") for s in ("", "-sorted"))
-
-
-def pattern_indices(pattern: str, s_q: int, s_kv: int, topk: int, seed: int, indices: torch.Tensor) -> torch.Tensor:
-    """The indices of an ``--indices`` pattern; ``indices`` are make_inputs' own (the uniform ones)."""
-    base = pattern.removesuffix("-sorted")
-    if base != "uniform":
-        indices = realistic_indices(s_q, s_kv, topk, **PRESETS[base], seed=seed, device=indices.device)
-    return sorted_rows(indices, s_kv) if pattern.endswith("-sorted") else indices
-
-
-def sorted_rows(indices: torch.Tensor, s_kv: int) -> torch.Tensor:
-    """Each token's valid rows in ascending order, its invalid slots (kept as they were) after them."""
-    invalid = (indices < 0) | (indices >= s_kv)
-    key = torch.where(invalid, torch.iinfo(torch.int64).max, indices.long())
-    return torch.gather(indices, -1, key.argsort(dim=-1, stable=True))
-
-
 TABLES = ("main", "tp")  # --table tp: the tensor-parallel head-count table of benchmarks/tp.py
 
 
@@ -122,19 +87,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--from", dest="from_json", type=pathlib.Path, metavar="JSON",
                         help="do not measure: compare (or with --save-baseline, save) a run's JSON file")
     return parser.parse_args()
-
-
-def incumbent_call(dispatch, inputs: dict, shape: dict):
-    """A no-argument call of the incumbent's ``dispatch`` on ``inputs``, with its own outputs."""
-    s_q, s_kv, h_q, d_qk, topk = (shape[name] for name in ("s_q", "s_kv", "h_q", "d_qk", "topk"))
-    outputs = poisoned_outputs(s_q, h_q, inputs["d_v"])
-    stream = torch.cuda.current_stream().cuda_stream
-    q, kv, indices = inputs["q"].contiguous(), inputs["kv"].contiguous(), inputs["indices"].contiguous()
-
-    def call():
-        dispatch(q, kv, indices, inputs["q_scale"], inputs["kv_scale"], outputs["out"], outputs["max_logits"],
-                 outputs["lse"], s_q, s_kv, h_q, 1, d_qk, inputs["d_v"], topk, inputs["sm_scale"], stream)
-    return call, outputs
 
 
 def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) -> dict:
@@ -343,20 +295,6 @@ def _relative_to_baseline(run: pathlib.Path, baseline: pathlib.Path) -> str:
         return run.resolve().relative_to(baseline.resolve().parent).as_posix()
     except ValueError:
         return run.name
-
-
-def git_commit() -> str:
-    """HEAD of the checkout, or $SPARSE_MLA_COMMIT where the tree was copied without .git (GPU hosts)."""
-    if os.environ.get("SPARSE_MLA_COMMIT"):
-        return os.environ["SPARSE_MLA_COMMIT"]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=RESULTS_DIR.parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True, cwd=RESULTS_DIR.parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit}-dirty" if dirty else commit
 
 
 def main() -> None:

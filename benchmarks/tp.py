@@ -34,7 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from bench import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices  # noqa: E402
+from common import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
@@ -76,7 +76,7 @@ def padded_heads(h_q: int) -> int:
 
 
 def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
-    """The incumbent (bench.py's call) on q padded with zero heads to a multiple of 64, as serving
+    """The incumbent (common.py's call) on q padded with zero heads to a multiple of 64, as serving
     engines call it."""
     q = inputs["q"]
     s_q, h_q, d_qk = q.shape

@@ -65,7 +65,7 @@ def check_hopper(device: torch.device) -> int:
 # that a part's work stays well above the cost of merging it. Past 8 rounds of items the last round is
 # a small share of the call, and a part needs at least 4 pairs (512 slots) to save more than it costs
 # (publishing and merging it, the kernel that zeroes the counters); measured on an H200
-# (benchmarks/notes/2026-12-03.md, Experiment 90), 4,096 items at topk 2048 in parts of 4 pairs ran
+# (docs/lab.md, Experiment 90), 4,096 items at topk 2048 in parts of 4 pairs ran
 # 0.2-1.0% faster, at topk 512 in parts of 2 pairs 1.1% slower. A split call runs the wide tile
 # (include/sparse_mla/sm90/prefill/launch.cuh), so a call that would run a narrow tile (at most 32
 # heads) splits only within 8 rounds, as before that measurement.
@@ -103,12 +103,12 @@ def split_plan(
 # group at most (the pre-pass's owner bytes in shared memory), and how many union entries per valid
 # slot of its tokens a group may have and still run grouped. A group weighs its list in the grouped
 # tile against its tokens' slots in the narrow tile; the pre-pass is paid either way. Measured on an
-# H200 (benchmarks/notes/2026-12-01.md, Experiments 42, 44): a grouped entry costs 1.10-1.23 of a 64-head
+# H200 (docs/lab.md, Experiments 42 and 44): a grouped entry costs 1.10-1.23 of a 64-head
 # token's slot (2 to 8 tokens per group), a narrow slot 0.88, so a union pays below ~0.72-0.80 entries
 # per slot. Where the kv rows outgrow L2 (s_kv 128K) a group reads its rows from DRAM: there unions
 # of 0.65-0.75 ran 1.3% slower grouped than narrow, while falling back left the pre-pass (5%) unpaid
 # for, so one threshold holds for both (MAX_UNION_RATIO, h_q 17-32). Up to 16 heads the narrow tile has
-# 16 heads, and a slot costs 0.83 of the 32-head tile's (the same notes, Experiment 60): on uniform
+# 16 heads, and a slot costs 0.83 of the 32-head tile's (Experiment 60): on uniform
 # selections at 8K-16K kv rows, with groups of 4 and 8, grouped and token by token break even at
 # 0.645-0.65 entries per slot (MAX_UNION_RATIO_16). Up to 8 heads the narrow tile has 8, 10% cheaper
 # again at 8K (Experiment 62): groups of 8 break even at 0.575-0.58 (MAX_UNION_RATIO_8).
@@ -166,7 +166,7 @@ def launch(
     """Launches the kernel on validated arguments, writing ``out``, ``max_logits`` and ``lse``.
 
     ``module`` is the kernel module to launch, by default the one of the call's (d_qk, topk) key;
-    ``benchmarks/experiments`` passes modules built from other sources, to time them side by side.
+    ``benchmarks/ab.py`` passes modules built from other sources, to time them side by side.
     ``token_groups``: ``auto``, ``always`` (every group grouped, save those in which a token selects a row
     more than once) or ``never``; by default ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
     """

@@ -28,6 +28,16 @@ def tp():
     return _benchmark_script("tp")
 
 
+@pytest.fixture(scope="session")
+def ab():
+    return _benchmark_script("ab")
+
+
+@pytest.fixture(scope="session")
+def common():
+    return _benchmark_script("common")
+
+
 @pytest.fixture
 def no_compiler(monkeypatch):
     """Fails the test if anything reaches the JIT (key building, cache lookup, compile)."""

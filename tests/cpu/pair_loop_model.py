@@ -61,7 +61,7 @@ CONSUMERS = ("consumer 0", "consumer 1")
 @dataclass(frozen=True)
 class KernelOrder:
     """The orderings the kernel could use: f7e0947's, the shipped one, and the measured alternatives
-    (benchmarks/experiments/hazards/)."""
+    (docs/lab.md, Experiments 34 and 35)."""
 
     pv_wait_in_softmax: bool  # (a) softmax_to_probs retires the in-flight P.V before its first kProbsReady
     # Where the cp.async gathers are fenced for wgmma: "none"; "producer": per pair, both blocks
@@ -89,7 +89,7 @@ class KernelOrder:
     v_after_softmax: bool = False
     # With the producer-side fence: pairs the producer issues ahead of the one it hands over. With 1,
     # pair p + 1's copies are committed before pair p's handoff waits (wait_group 3, then 2): a
-    # measured alternative (benchmarks/experiments/narrow_pipeline/), where the copies' own arrival
+    # measured alternative (docs/lab.md, Experiment 57), where the copies' own arrival
     # (proxy_fence "consumer") needs no lookahead, the producer never waiting for a copy.
     producer_lookahead: int = 0
 

@@ -41,8 +41,8 @@ WITH_AN_EMPTY_UNIT = (Unit("EFF"), Unit(""), Unit("E"), Unit("EF"))
 NARROW_SCENARIOS = {"first pair exact": FIRST_EXACT, "all exact": ALL_EXACT, "four pairs": FOUR_PAIRS,
                     "an empty unit, one pair": WITH_AN_EMPTY_UNIT}
 
-# The narrow tile's early release with the producer-side handoff, one pair ahead (the alternative of
-# benchmarks/experiments/narrow_pipeline/).
+# The narrow tile's early release with the producer-side handoff, one pair ahead (the alternative
+# measured in docs/lab.md, Experiment 57).
 LANDED_LOOKAHEAD = replace(NARROW_ORDER, proxy_fence="producer", producer_lookahead=1)
 
 PASSING_ORDERS = {
@@ -77,8 +77,8 @@ def test_the_narrow_order_has_no_unordered_access(units):
                          ids=["landed, one pair ahead", "landed"])
 def test_the_narrow_early_release_is_ordered_with_the_producer_side_fence_too(order, units):
     """narrow.cuh's early release with the wide tile's handoff (each producer thread waits for its
-    copies, fences and arrives), with and without issuing one pair ahead: the alternative of
-    benchmarks/experiments/narrow_pipeline/."""
+    copies, fences and arrives), with and without issuing one pair ahead: the alternative measured in
+    docs/lab.md, Experiment 57."""
     findings = check(kernel_roles(order, units))
     assert not findings, report(findings)
 

@@ -62,7 +62,7 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     assert len(frames) == len(kernels), log
     for kernel, values in frames.items():
         # The grouped tile (Tile::kGrouped, mangled TileE2) spills a register or two (reloaded once a pair)
-        # (benchmarks/notes/2026-12-01.md, Experiments 38 and 46), bounded here so that it cannot grow.
+        # (docs/lab.md, Experiments 38 and 46), bounded here so that it cannot grow.
         limit = GROUPED_TILE_SPILL_BYTES if "TileE2E" in kernel else 0
         assert all(int(v) <= limit for v in values), (kernel, values)
 
