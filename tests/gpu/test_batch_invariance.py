@@ -96,3 +96,14 @@ def test_the_default_mode_is_not_batch_invariant(prefill_fwd, seed, h_q, d_qk, t
         inputs = with_shared_neighbours(inputs, group_size(h_q, topk), 0.9, seed)
     found = _differences(prefill_fwd, inputs, seed)
     assert any("alone" in line for line in found), f"seed {seed}: no row changed with the call's s_q"
+
+
+@pytest.mark.parametrize("h_q", [8, 16, 32])
+def test_rows_are_bitwise_the_same_where_neighbours_share_their_rows(prefill_fwd, seed, h_q):
+    """Selections whose neighbours share most rows, as a real indexer's: in the default mode they run in
+    token groups, whose members depend on a row's position in the call (the test above draws uniform
+    selections, on which every group falls back to one token a tile). The mode keeps token groups off:
+    a row alone or moved among other rows has the same bits."""
+    inputs = make_inputs(s_q=S_Q, s_kv=8192, h_q=h_q, d_qk=576, topk=2048, seed=seed, topk_length="random")
+    inputs = with_shared_neighbours(inputs, group_size(h_q, 2048), 0.9, seed)
+    assert _differences(prefill_fwd, inputs, seed, batch_invariant=True) == [], f"seed {seed}, h_q {h_q}"
