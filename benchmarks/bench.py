@@ -44,12 +44,13 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from common import INDEX_PATTERNS, RESULTS_DIR, SHAPES, git_commit, incumbent_call, pattern_indices  # noqa: E402
+from common import INDEX_PATTERNS, RESULTS_DIR, SHAPES, git_commit, incumbent_call, pattern_indices, waiting_columns  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
     index_overlap_stats,
     interleaved_median_ms,
+    interleaved_waiting_median_ms,
     make_inputs,
     median_time_ms,
     poisoned_outputs,
@@ -100,12 +101,16 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) 
     ours = lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs)  # noqa: E731
     flops = prefill_flops(s_q, h_q, topk, d_qk)
     if dispatch is None:
+        calls = {"ours": ours}
         ms = median_time_ms(ours, iters=args.iters, warmup=args.warmup)
     else:
         theirs, incumbent_outputs = incumbent_call(dispatch, inputs, shape)
+        calls = {"ours": ours, "incumbent": theirs}
         # Call by call, in turn, so that both see the same clocks.
-        times = interleaved_median_ms({"ours": ours, "incumbent": theirs}, iters=args.iters, warmup=args.warmup)
+        times = interleaved_median_ms(calls, iters=args.iters, warmup=args.warmup)
         ms, incumbent_ms = times["ours"], times["incumbent"]
+    # The serving loop's view: each call waits for the one before, host path included.
+    waiting = interleaved_waiting_median_ms(calls, iters=args.iters, warmup=args.warmup)
     tflops = flops / (ms * 1e-3) / 1e12
 
     ref_out, ref_max_logits, ref_lse = reference_prefill(
@@ -117,6 +122,7 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) 
         indices=pattern,
         ms=ms,
         tflops=tflops,
+        waiting_ms=waiting["ours"],
         ratio_vs_sglang=tflops / shape["sglang"],
         retention=overlap.retention,
         union4=overlap.union4,
@@ -129,6 +135,8 @@ def measure(shape: dict, pattern: str, args: argparse.Namespace, dispatch=None) 
             incumbent_ms=incumbent_ms,
             incumbent_tflops=flops / (incumbent_ms * 1e-3) / 1e12,
             ratio_vs_incumbent=incumbent_ms / ms,
+            incumbent_waiting_ms=waiting["incumbent"],
+            waiting_ratio_vs_incumbent=waiting["incumbent"] / waiting["ours"],
             incumbent_out_rel_err=relative_error(incumbent_outputs["out"][:CHECK_ROWS], ref_out),
         )
     return row
@@ -138,7 +146,8 @@ def print_table(rows: list[dict]) -> None:
     side = "incumbent_tflops" in rows[0]
     header = (f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} {'d_qk':>4} {'topk':>5} | {'ms':>7} {'TFLOPS':>6} "
               + (f"{'incumb':>6} {'ratio':>5} " if side else f"{'sglang':>6} {'ratio':>5} ")
-              + f"{'target':>6} | {'retain':>6} {'union4':>6} | {'out err':>8} {'lse err':>8}")
+              + f"{'target':>6} | {'wait ms':>7} " + (f"{'ratio':>5} " if side else "")
+              + f"| {'retain':>6} {'union4':>6} | {'out err':>8} {'lse err':>8}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -146,7 +155,7 @@ def print_table(rows: list[dict]) -> None:
                   else f"{row['sglang']:>6} {row['ratio_vs_sglang']:>5.2f} ")
         print(f"{row['s_q']:>5} {row['s_kv']:>6} {row['h_q']:>4} {row['d_qk']:>4} {row['topk']:>5} | "
               f"{row['ms']:>7.3f} {row['tflops']:>6.0f} " + versus +
-              f"{row['target']:>6} | {row['retention']:>6.3f} {row['union4']:>6.2f} | {row['out_rel_err']:>8.2e} "
+              f"{row['target']:>6} | {waiting_columns(row, side)}| {row['retention']:>6.3f} {row['union4']:>6.2f} | {row['out_rel_err']:>8.2e} "
               f"{row['lse_rel_err']:>8.2e}")
 
 

@@ -77,3 +77,11 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{commit}-dirty" if dirty else commit
+
+
+def waiting_columns(row: dict, side: bool) -> str:
+    """The each-call-waits columns (ms, and the ratio against the incumbent); dashes in runs made
+    before they existed."""
+    if "waiting_ms" not in row:
+        return f"{'-':>7} " + (f"{'-':>5} " if side else "")
+    return f"{row['waiting_ms']:>7.3f} " + (f"{row['waiting_ratio_vs_incumbent']:>5.2f} " if side else "")

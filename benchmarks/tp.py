@@ -34,11 +34,12 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from common import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices  # noqa: E402
+from common import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices, waiting_columns  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
     interleaved_median_ms,
+    interleaved_waiting_median_ms,
     make_inputs,
     poisoned_outputs,
     reference_prefill,
@@ -101,11 +102,16 @@ def measure_cell(s_q: int, s_kv: int, pattern: str, args: argparse.Namespace, di
             calls[f"incumbent {h_q}"] = padded_incumbent_call(dispatch, inputs, s_kv)
         cases.append((h_q, inputs, outputs))
     times = interleaved_median_ms(calls, iters=args.iters, warmup=args.warmup)
+    # The serving loop's view: each call waits for the one before, host path included.
+    waiting = interleaved_waiting_median_ms(calls, iters=args.iters, warmup=args.warmup)
     rows = []
     for h_q, inputs, outputs in cases:
-        row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern, ms=times[f"ours {h_q}"])
+        row = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=D_QK, topk=TOPK, indices=pattern, ms=times[f"ours {h_q}"],
+                   waiting_ms=waiting[f"ours {h_q}"])
         if dispatch is not None:
-            row.update(incumbent_ms=times[f"incumbent {h_q}"], ratio_vs_incumbent=times[f"incumbent {h_q}"] / row["ms"])
+            row.update(incumbent_ms=times[f"incumbent {h_q}"], ratio_vs_incumbent=times[f"incumbent {h_q}"] / row["ms"],
+                       incumbent_waiting_ms=waiting[f"incumbent {h_q}"],
+                       waiting_ratio_vs_incumbent=waiting[f"incumbent {h_q}"] / row["waiting_ms"])
         row["useful_tflops"] = useful_flops(inputs["indices"], s_kv, h_q) / (row["ms"] * 1e-3) / 1e12
         ref_out, _, _ = reference_prefill(inputs["q"][:CHECK_ROWS], inputs["kv"], inputs["indices"][:CHECK_ROWS],
                                           inputs["sm_scale"], inputs["q_scale"], inputs["kv_scale"], D_V)
@@ -117,14 +123,15 @@ def measure_cell(s_q: int, s_kv: int, pattern: str, args: argparse.Namespace, di
 def format_table(rows: list[dict]) -> str:
     side = "incumbent_ms" in rows[0]
     lines = [f"{'s_q':>5} {'s_kv':>6} {'h_q':>4} | {'ms':>7} {'TFLOPS':>6} {'per head':>8} {'vs pad':>7}"
-             + (f" | {'incumb ms':>9} {'ratio':>5}" if side else "") + f" | {'out err':>8}"]
+             + (f" | {'incumb ms':>9} {'ratio':>5}" if side else "")
+             + f" | {'wait ms':>7}" + (f" {'ratio':>5}" if side else "") + f" | {'out err':>8}"]
     for r in rows:
         per = "-" if r["per_head_vs_64"] is None else f"{r['per_head_vs_64']:.2f}x"
         pad = "-" if r.get("vs_padded") is None else f"{r['vs_padded']:.2f}x" + ("!" if r["vs_padded"] < 1 else "")
         lines.append(f"{r['s_q']:>5} {r['s_kv']:>6} {r['h_q']:>4} | {r['ms']:>7.3f} {r['useful_tflops']:>6.0f} {per:>8}"
                      + f" {pad:>7}"
                      + (f" | {r['incumbent_ms']:>9.3f} {r['ratio_vs_incumbent']:>5.2f}" if side else "")
-                     + f" | {r['out_rel_err']:>8.2e}")
+                     + f" | {waiting_columns(r, side)}| {r['out_rel_err']:>8.2e}")
     return "\n".join(lines)
 
 

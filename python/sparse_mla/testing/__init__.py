@@ -43,7 +43,8 @@ from sparse_mla.testing.numerics import (
     out_error_limits,
 )
 from sparse_mla.testing.reference import OUT_TOL, assert_close_to_reference, reference_prefill, relative_error
-from sparse_mla.testing.timing import L2_FLUSH_BYTES, interleaved_median_ms, median_time_ms, prefill_flops
+from sparse_mla.testing.timing import (L2_FLUSH_BYTES, interleaved_median_ms, interleaved_waiting_median_ms, median_time_ms,
+                                      prefill_flops)
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -61,6 +62,7 @@ __all__ = [
     "fp8_model_prefill",
     "index_overlap_stats",
     "interleaved_median_ms",
+    "interleaved_waiting_median_ms",
     "logit_error_bound",
     "make_inputs",
     "median_time_ms",

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from typing import Callable
 
 import torch
 
-__all__ = ["L2_FLUSH_BYTES", "interleaved_median_ms", "median_time_ms", "prefill_flops"]
+__all__ = ["L2_FLUSH_BYTES", "interleaved_median_ms", "interleaved_waiting_median_ms", "median_time_ms", "prefill_flops"]
 
 L2_FLUSH_BYTES = 256 * 2**20  # written before every timed call: several times the H200's 60 MiB L2
 
@@ -84,3 +85,38 @@ def interleaved_median_ms(
             events[name].append((start, end))
     torch.cuda.synchronize(device)
     return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) for name, pairs in events.items()}
+
+
+def interleaved_waiting_median_ms(
+    calls: dict[str, Callable[[], object]],
+    *,
+    iters: int = 30,
+    warmup: int = 3,
+    flush_bytes: int = L2_FLUSH_BYTES,
+    device: str | torch.device = "cuda",
+) -> dict[str, float]:
+    """Median milliseconds of each of ``calls`` as an eager serving loop pays it when each call waits
+    for the one before: from the host's call with the GPU idle to the end of the call's GPU work, host
+    path and launches included (synchronize, time the call, synchronize, on the host's clock).
+
+    `interleaved_median_ms` times the GPU alone, with the host running ahead of it: there a host path
+    slower than the kernel does not show. Here it does. The calls are interleaved in a new random order
+    every turn as there, and the L2 flush (and its completion) precedes every timed call, outside the
+    timed span.
+    """
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+    names = list(calls)
+    order = random.Random(0)
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(iters):
+        for name in order.sample(names, len(names)):
+            flush.zero_()
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            calls[name]()
+            torch.cuda.synchronize(device)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
