@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,7 @@ def test_corrupt_entry_is_detected_logged_and_rebuilt(cache_root, caplog, damage
     if damage == "truncate":
         so.write_bytes(so.read_bytes()[:10])
     elif damage == "garbage":
-        so.write_bytes(os.urandom(200))
+        so.write_bytes(bytes(range(200)))  # no FAKE: header: garbage to the loader
     elif damage == "empty":
         so.write_bytes(b"")
     elif damage == "delete_key_json":
@@ -183,16 +184,14 @@ def test_build_killed_by_sigkill_leaves_nothing_loadable(cache_root, tmp_path):
         fake_jit.fake_cache().get(KernelKey({KEY.d_qk}, {KEY.topk}))
         """
     )
-    environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="60")
-    child = subprocess.Popen([sys.executable, "-c", script], env=environment, start_new_session=True)
+    gate = fake_jit.make_gate(tmp_path / "gate")
+    child = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, FAKE_JIT_BUILD_GATE=str(gate)),
+                             start_new_session=True)
     parent = entry_of(cache_root).parent
-    deadline = time.time() + 60
-    # Its build has started once it is logged (the staging directory appears a moment earlier).
-    while not (list(parent.glob(".staging-*")) and builds(cache_root)) and time.time() < deadline:
-        time.sleep(0.05)
-    assert list(parent.glob(".staging-*")) and builds(cache_root), "the child never started building"
-    os.killpg(child.pid, signal.SIGKILL)  # the process and its fake compiler
-    child.wait()
+    with fake_jit.open_gate(gate):  # the child's compiler runs, so its build is under way
+        assert list(parent.glob(".staging-*")) and builds(cache_root), "the child's build is not under way"
+        os.killpg(child.pid, signal.SIGKILL)  # the process and its fake compiler
+        child.wait()
     assert not entry_of(cache_root).exists()
     assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
     assert len(builds(cache_root)) == 2
@@ -357,45 +356,68 @@ def test_an_unknown_log_level_is_reported_and_ignored(cache_root):
     assert lines[1] == COMPILING, result.stderr
 
 
-def test_a_process_waiting_for_another_ones_build_says_whose_and_how_long(cache_root):
+def test_a_process_waiting_for_another_ones_build_says_whose_and_how_long(cache_root, tmp_path):
     script = CHILD.format(tests=TESTS_CPU, setup="", d_qk=KEY.d_qk, topk=KEY.topk)
+    gate = fake_jit.make_gate(tmp_path / "gate")
     builder = subprocess.Popen(
-        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, env=dict(os.environ, FAKE_JIT_BUILD_SECONDS="4")
+        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, env=dict(os.environ, FAKE_JIT_BUILD_GATE=str(gate))
     )
-    parent = entry_of(cache_root).parent
-    deadline = time.time() + 60
-    while not list(parent.glob(".staging-*")) and time.time() < deadline:
-        time.sleep(0.05)
-    waiter = run_child()
+    with fake_jit.open_gate(gate):  # the builder holds the entry's lock while its compiler runs
+        waiter = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+        announced = waiter.stderr.readline()  # the waiter reached the lock: only now may the build end
+    waiter_stderr = announced + waiter.communicate(timeout=60)[1]
     builder_stderr = builder.communicate(timeout=60)[1]
-    assert builder.returncode == 0 and waiter.returncode == 0, builder_stderr + waiter.stderr
-    lines = waiter.stderr.splitlines()
+    assert builder.returncode == 0 and waiter.returncode == 0, builder_stderr + waiter_stderr
+    lines = waiter_stderr.splitlines()
     holder = f"pid {builder.pid} on {socket.gethostname()}"
     assert lines[0].startswith(f"sparse_mla: waiting for the build of {KEY.name} held by {holder} (lock "), lines
     assert re.fullmatch(rf"sparse_mla: waited \d+\.\d s for the build of {KEY.name}", lines[1]) and len(lines) == 2, lines
     assert builder_stderr.startswith(COMPILING) and len(builds(cache_root)) == 1
 
 
-def test_a_waiter_that_arrives_before_the_holder_wrote_its_name_still_names_it(tmp_path, caplog):
-    # The holder takes the lock, then writes its name: a waiter in between finds the file empty.
+def test_a_waiter_that_arrives_before_the_holder_wrote_its_name_still_names_it(tmp_path, caplog, monkeypatch):
+    # The holder takes the lock, then writes its name: a waiter in between finds the file empty. Events
+    # force that order: the holder writes only once the waiter has read the file empty (its first pause
+    # before reading again), and releases the lock only once the waiter has announced whom it waits for.
     entry = tmp_path / "sparse_mla_prefill_dqk576_topk2048_sm90a" / "0123456789abcdef"
     entry.parent.mkdir()
     holder_file = open(store.lock_path(entry), "a+")
     fcntl.flock(holder_file.fileno(), fcntl.LOCK_EX)
+    read_empty, announced = threading.Event(), threading.Event()
+
+    def pause(seconds):
+        read_empty.set()
+        time.sleep(seconds)
+
+    clock = {name: getattr(time, name) for name in dir(time) if not name.startswith("_")}
+    monkeypatch.setattr(store, "time", types.SimpleNamespace(**dict(clock, sleep=pause)))
+    monkeypatch.setattr(store, "HOLDER_WAIT_SECONDS", 600)  # so that the holder's name is what ends the reads
+
+    class Announcement(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("sparse_mla: waiting for"):
+                announced.set()
 
     def name_then_release():
-        time.sleep(0.1)
-        holder_file.write("pid 4242 on builder-host")
-        holder_file.flush()
-        time.sleep(0.2)
-        holder_file.truncate(0)
-        holder_file.close()  # releases the lock
+        try:
+            if read_empty.wait(60):  # else the waiter never read the file, and its message says so below
+                holder_file.write("pid 4242 on builder-host")
+                holder_file.flush()
+                announced.wait(60)
+        finally:
+            holder_file.truncate(0)
+            holder_file.close()  # releases the lock
 
+    handler = Announcement()
+    logging.getLogger("sparse_mla").addHandler(handler)
     holder = threading.Thread(target=name_then_release)
     holder.start()
-    with caplog.at_level(logging.INFO, logger="sparse_mla"), store.entry_lock(entry, "the key"):
-        pass
-    holder.join()
+    try:
+        with caplog.at_level(logging.INFO, logger="sparse_mla"), store.entry_lock(entry, "the key"):
+            pass
+    finally:
+        logging.getLogger("sparse_mla").removeHandler(handler)
+        holder.join()
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0].startswith("sparse_mla: waiting for the build of the key held by pid 4242 on builder-host (lock "), messages
 
@@ -564,13 +586,14 @@ def interrupts():
     build_module.interrupt.resume()
 
 
-def test_after_an_interrupt_no_compiler_starts_and_nothing_is_left(cache_root, monkeypatch, interrupts):
+def test_after_an_interrupt_no_compiler_starts_and_nothing_is_left(cache_root, monkeypatch, interrupts, tmp_path):
+    compilers = tmp_path / "compilers.log"
+    monkeypatch.setenv("FAKE_JIT_COMPILER_LOG", str(compilers))
     monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "60")
     interrupts.stop()
-    start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         fake_jit.fake_cache().get(KEY)
-    assert time.monotonic() - start < 10 and not fake_jit.compilers_of(os.getpid())
+    assert not compilers.exists() and not fake_jit.compilers_of(os.getpid()), "a compiler started after the interrupt"
     parent = entry_of(cache_root).parent
     assert sorted(p.name for p in parent.iterdir()) == [f".{entry_of(cache_root).name}.lock"], "a failed.log, entry or staging folder"
     interrupts.resume()
@@ -578,8 +601,10 @@ def test_after_an_interrupt_no_compiler_starts_and_nothing_is_left(cache_root, m
     assert fake_jit.fake_cache().get(KEY).kernel_key() == KEY.name
 
 
-def test_an_interrupt_ends_a_running_compiler_the_signal_did_not_reach(cache_root, monkeypatch, interrupts):
-    monkeypatch.setenv("FAKE_JIT_BUILD_SECONDS", "60")
+def test_an_interrupt_ends_a_running_compiler_the_signal_did_not_reach(cache_root, monkeypatch, interrupts, tmp_path):
+    # The fake compiler blocks on the gate until the test closes it, so a build that waited for its
+    # compiler would still be running when the test gives up on it (a bound for a hang, not a timing).
+    monkeypatch.setenv("FAKE_JIT_BUILD_GATE", str(fake_jit.make_gate(tmp_path / "gate")))
     raised = []
 
     def build():
@@ -590,13 +615,12 @@ def test_an_interrupt_ends_a_running_compiler_the_signal_did_not_reach(cache_roo
 
     builder = threading.Thread(target=build)
     builder.start()
-    deadline = time.monotonic() + 30
-    while not fake_jit.compilers_of(os.getpid()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert fake_jit.compilers_of(os.getpid()), "the fake compiler never started"
-    interrupts.stop()  # what the command line does on Ctrl-C; no signal reached the compiler
-    builder.join(10)
-    assert not builder.is_alive(), "the build waited for its compiler"
+    with fake_jit.open_gate(tmp_path / "gate"):  # the fake compiler runs
+        interrupts.stop()  # what the command line does on Ctrl-C; no signal reached the compiler
+        builder.join(120)
+        waited = builder.is_alive()
+    builder.join()
+    assert not waited, "the build waited for its compiler"
     assert [type(error) for error in raised] == [KeyboardInterrupt]
     assert not (entry_of(cache_root).parent / f"{entry_of(cache_root).name}.failed.log").exists()
     assert not entry_of(cache_root).exists() and not list(entry_of(cache_root).parent.glob(".staging-*"))
@@ -614,15 +638,12 @@ def test_a_compiler_ended_by_sigint_is_an_interrupt_and_leaves_no_failure_log(ca
 # ---- a build leaves the process's environment alone ---------------------------------------------
 
 FAKE_NVCC = """#!{python}
-import pathlib, sys, time
+import pathlib, sys
 if sys.argv[1:] == ["--version"]:
     print("fake nvcc")
     sys.exit(0)
 pathlib.Path({argv!r}).write_text("\\n".join(sys.argv[1:]))
-pathlib.Path({started!r}).touch()
-deadline = time.monotonic() + 30
-while not pathlib.Path({release!r}).exists() and time.monotonic() < deadline:
-    time.sleep(0.01)
+open({gate!r}).read()  # compiling, until the test closes the gate
 pathlib.Path(sys.argv[sys.argv.index("-o") + 1]).write_text("object")
 print("ptxas info    : fake")
 """
@@ -639,20 +660,17 @@ def test_a_build_changes_nothing_in_the_environment_other_threads_read(tmp_path,
     for folder in (home / "bin", home / "include", build_dir):
         folder.mkdir(parents=True)
     (home / "include" / "cuda.h").write_text("#define CUDA_VERSION 13000\n")
-    argv, started, release = (str(tmp_path / name) for name in ("argv", "started", "release"))
+    argv, gate = str(tmp_path / "argv"), fake_jit.make_gate(tmp_path / "gate")
     for path, script in ((home / "bin" / "nvcc", FAKE_NVCC), (tmp_path / "linker", FAKE_LINKER)):
-        path.write_text(script.format(python=sys.executable, argv=argv, started=started, release=release))
+        path.write_text(script.format(python=sys.executable, argv=argv, gate=str(gate)))
         path.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(home))
     monkeypatch.setenv("CXX", str(tmp_path / "linker"))
     before, seen = dict(os.environ), []
 
     def read_while_compiling():
-        deadline = time.monotonic() + 30
-        while not os.path.exists(started) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        seen.append(dict(os.environ))
-        Path(release).touch()
+        with fake_jit.open_gate(gate):  # the fake compiler runs until this closes
+            seen.append(dict(os.environ))
 
     reader = threading.Thread(target=read_while_compiling)
     reader.start()
@@ -660,9 +678,8 @@ def test_a_build_changes_nothing_in_the_environment_other_threads_read(tmp_path,
     try:
         result = build_module.compile_module(spec, build_dir)
     finally:
-        Path(release).touch()
         reader.join()
-    assert os.path.exists(started), "the fake compiler never ran"
+    assert os.path.exists(argv), "the fake compiler never ran"
     assert seen == [before] and dict(os.environ) == before
     # The arch is pinned to sm_90a in the compiler's arguments, never left to a default or plain sm_90.
     arguments = Path(argv).read_text().splitlines()

@@ -303,12 +303,24 @@ print("LOADED", fake_jit.fake_cache().get(KernelKey({d_qk}, {topk})).kernel_key(
 
 
 def test_builders_on_hosts_whose_locks_do_not_exclude_each_other_all_succeed(cache_root, tmp_path):
-    environment = dict(os.environ, FAKE_JIT_BUILD_SECONDS="2")
+    gates = [fake_jit.make_gate(tmp_path / f"gate-{i}") for i in range(3)]
     children = [
         subprocess.Popen([sys.executable, "-c", HOST_CHILD.format(tests=TESTS_CPU, host=f"host-{i}", d_qk=KEY.d_qk, topk=KEY.topk)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, FAKE_JIT_BUILD_GATE=str(gates[i])))
         for i in range(3)
     ]
+    # Every child's compiler runs before any may finish: the three builds overlap.
+    running = []
+    try:
+        running.extend(fake_jit.open_gate(gate) for gate in gates)
+    except AssertionError:
+        for child in children:
+            child.kill()
+        raise
+    finally:
+        for gate in running:
+            gate.close()
     outputs = [child.communicate(timeout=120) for child in children]
     report = "\n".join(out + err for out, err in outputs)
     assert [child.returncode for child in children] == [0, 0, 0], report

@@ -10,16 +10,17 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from fake_tensors import fake_cuda, valid_args
+from seeds import hypothesis_run
 from sparse_mla import api, launch
 from sparse_mla.validate import EXPECTED_DTYPES, check_pointers, validate_prefill_args
 
 TENSORS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
-SETTINGS = settings(max_examples=300, deadline=None)
+SETTINGS = hypothesis_run(max_examples=300)
 
 
 @st.composite
@@ -102,10 +103,10 @@ def test_broken_calls_raise_the_documented_exception_and_never_compile(data):
     assert named, (expected_name, message)
 
 
+@SETTINGS
 @given(
     st.lists(st.tuples(st.integers(0, 4096), st.integers(1, 512)), min_size=3, max_size=3),
 )
-@settings(max_examples=300, deadline=None)
 def test_output_aliasing_is_detected_exactly(ranges):
     """Outputs carved from one byte buffer at random offsets: rejected exactly when two overlap."""
     buffer = torch.empty(8192, dtype=torch.uint8)

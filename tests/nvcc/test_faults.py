@@ -3,8 +3,9 @@
 Every scenario runs ``python -m sparse_mla prebuild ... --cache-dir DIR`` in subprocesses (the JIT's own
 code) with nvcc for sm_90a, each test in its own cache directory, on kernel keys no other test compiles:
 
-1. two processes asking for the same new key at once compile it once: one waits on the entry's file
-   lock while the other compiles (seen in /proc/locks), then reports it ``cached``; the entry is ``ok``;
+1. two processes asking for the same new key at once compile it once: the second, started while the
+   first compiles (its compiler paused until then), waits on the entry's file lock (seen in
+   /proc/locks), then reports it ``cached``; the entry is ``ok``;
 2. a compiler process killed with SIGKILL mid-build fails the prebuild with a FAILED row for the key
    and leaves no entry (no staging folder either); the next prebuild builds it and it is ``ok``;
 3. the building Python process killed with SIGKILL mid-build releases the entry's lock at once (the
@@ -204,11 +205,12 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def kill_when_compiling(
-    proc: subprocess.Popen, key: KernelKey, compilers: tuple[str, ...], *, kill_prebuild: bool
+    proc: subprocess.Popen, key: KernelKey, compilers: tuple[str, ...], *, kill_prebuild: bool,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> tuple[str, dict[int, Process]]:
-    """Waits until one of ``compilers`` compiles below ``proc``, then SIGKILLs that compiler, or the
-    prebuild itself when ``kill_prebuild``. Returns (what was killed, the processes below ``proc`` just
-    before the kill); fails if the build ends first."""
+    """Waits until one of ``compilers`` compiles below ``proc``, then SIGKILLs (or sends ``sig`` to) that
+    compiler, or the prebuild itself when ``kill_prebuild``. Returns (what was signalled, the processes
+    below ``proc`` just before the signal); fails if the build ends first."""
     deadline = time.monotonic() + BUILD_TIMEOUT
     while proc.poll() is None and time.monotonic() < deadline:
         below = descendants(proc.pid)
@@ -217,7 +219,7 @@ def kill_when_compiling(
                 continue
             victim = proc.pid if kill_prebuild else process.pid
             try:
-                os.kill(victim, signal.SIGKILL)
+                os.kill(victim, sig)
             except ProcessLookupError:  # it ended between the scan and the kill: look again
                 break
             what = f"the prebuild (pid {victim})" if kill_prebuild else f"{process.comm} (pid {victim})"
@@ -271,18 +273,26 @@ def blocked_lock_waiters(lock: Path) -> set[int]:
 
 @pytest.fixture(scope="module")
 def concurrent_build(tmp_path_factory):
-    """Two prebuilds of KEY_SHARED started together into one new cache: (cache dir, {pid: result},
-    the pids seen blocked on the entry's lock). Tests 4 and 5 copy the entry it leaves (an entry holds
+    """Two prebuilds of KEY_SHARED into one new cache, the second started while the first compiles:
+    (cache dir, {pid: result}, the pids seen blocked on the entry's lock). The first's compiler is
+    stopped (SIGSTOP) from the moment it is seen until the second is seen waiting on the lock, so the
+    two overlap however slowly the second starts. Tests 4 and 5 copy the entry it leaves (an entry holds
     no absolute path, so a copied cache root stays valid)."""
     cache_dir = tmp_path_factory.mktemp("concurrent")
-    procs = [start(*prebuild_args(KEY_SHARED), cache_dir=cache_dir) for _ in range(2)]
+    first = start(*prebuild_args(KEY_SHARED), cache_dir=cache_dir)
+    procs = [first]
     lock, waiters = lock_file(cache_dir, KEY_SHARED), set()
-    deadline = time.monotonic() + BUILD_TIMEOUT
     try:
-        while not waiters and any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        kill_when_compiling(first, KEY_SHARED, LONG_RUNNING_COMPILERS, kill_prebuild=False, sig=signal.SIGSTOP)
+        procs.append(start(*prebuild_args(KEY_SHARED), cache_dir=cache_dir))
+        deadline = time.monotonic() + BUILD_TIMEOUT
+        while not waiters and procs[1].poll() is None and time.monotonic() < deadline:
             waiters = blocked_lock_waiters(lock) & {p.pid for p in procs}
             time.sleep(0.05)
     finally:
+        for pid in descendants(first.pid):  # the stopped compiler goes on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         results = {p.pid: finish(p, BUILD_TIMEOUT) for p in procs}
     return cache_dir, results, waiters
 
