@@ -98,3 +98,11 @@ def test_the_env_command_shows_a_bad_cuda_home_and_a_bad_switch_and_env_json_fai
     assert as_json.stderr.startswith(f"error: CUDA_HOME={tmp_path} is not a CUDA toolkit"), as_json.stderr
     assert "Traceback" not in as_json.stderr
 
+
+def test_the_readme_lists_every_variable_the_package_reads():
+    package = Path(sparse_mla.__file__).resolve().parent
+    read = {name for path in package.rglob("*.py") for name in re.findall(r"\"(SPARSE_MLA_[A-Z_]+)\"", path.read_text())}
+    assert {"SPARSE_MLA_TOKEN_GROUPS", "SPARSE_MLA_LOG_LEVEL", "SPARSE_MLA_DISABLE_JIT"} <= read, read
+    table = (ROOT / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(SPARSE_MLA_[A-Z_]+)` \|", table, re.MULTILINE))
+    assert listed == read
