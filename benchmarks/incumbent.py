@@ -119,7 +119,7 @@ def build(out: Path) -> tuple[Path, dict]:
         "wheel_sha256": WHEEL_SHA256,
         "arch": ARCH,
         "flags": list(CUDA_FLAGS),
-        "nvcc": nvcc.strip().splitlines()[-1] if nvcc.strip() else None,
+        "nvcc": next((line for line in nvcc.splitlines() if "release" in line), None),  # "... release 13.0, V13.0.88"
         "nvidia-cutlass": cutlass.version,
         "apache-tvm-ffi": env.tvm_ffi_version(),
     }
