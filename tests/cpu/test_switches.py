@@ -15,6 +15,7 @@ import pytest
 import sparse_mla
 from sparse_mla.errors import ConfigurationError, ToolchainError
 from sparse_mla.jit import env
+from sparse_mla.jit.build import build_spec, compile_module
 from sparse_mla.jit.cache import KernelCache
 from sparse_mla.jit.key import KernelKey
 
@@ -78,6 +79,20 @@ def test_a_set_cuda_home_that_is_no_toolkit_is_an_error_not_another_toolkit(monk
     assert env.cuda_home() == tmp_path / "chosen"
     monkeypatch.setenv(variable, "")  # set but empty: as if unset
     assert env.cuda_home() == tmp_path / "default"
+
+
+def test_a_bad_cuda_home_stops_a_compile_but_not_a_node_that_loads_prebuilt_kernels(monkeypatch, tmp_path):
+    """A lookup matches entries as on a host without a toolkit (the newest its driver runs); a compile
+    raises, naming the variable."""
+    monkeypatch.setattr(env, "DEFAULT_CUDA_HOME", str(_toolkit(tmp_path / "default")))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "runtime-only"))
+    spec = build_spec(KernelKey(576, 64))
+    assert spec.cuda_version is None
+    with pytest.raises(ToolchainError, match=f"^CUDA_HOME={tmp_path / 'runtime-only'} is not a CUDA toolkit"):
+        compile_module(spec, tmp_path)
+    monkeypatch.delenv("CUDA_HOME")
+    assert build_spec(KernelKey(576, 64)).cuda_version == "13000"
 
 
 def test_the_env_command_shows_a_bad_cuda_home_and_a_bad_switch_and_env_json_fails(tmp_path):

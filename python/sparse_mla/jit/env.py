@@ -5,8 +5,9 @@ must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVAR
 Each switch is checked where it is read: a value it does not accept raises
 :class:`~sparse_mla.errors.ConfigurationError` naming the variable and the accepted values, and a kernel
 lookup checks them all (:func:`check_switches`) before it loads or compiles anything. A set ``CUDA_HOME``
-or ``CUDA_PATH`` that is not a toolkit is a :class:`~sparse_mla.errors.ToolchainError`, never replaced by
-another toolkit.
+or ``CUDA_PATH`` that is not a toolkit is never replaced by another toolkit: a compile raises
+:class:`~sparse_mla.errors.ToolchainError` naming it, and a lookup matches entries as on a host without a
+toolkit.
 
 | variable | meaning |
 | --- | --- |
@@ -238,6 +239,16 @@ def cuda_home() -> Path | None:
     if nvcc:
         candidates.append(Path(nvcc).resolve().parent.parent)
     return next((candidate for candidate in candidates if _is_toolkit(candidate)), None)
+
+
+def lookup_cuda_home() -> Path | None:
+    """The toolkit whose CUDA version cache entries must match: ``cuda_home()``, or None where CUDA_HOME
+    or CUDA_PATH holds no toolkit. A node that only loads prebuilt kernels needs no toolkit, so a stale
+    variable there must not stop it; a compile asks ``cuda_home()``, which reports the variable."""
+    try:
+        return cuda_home()
+    except ToolchainError:
+        return None
 
 
 def cuda_version(home: Path | None) -> str | None:
