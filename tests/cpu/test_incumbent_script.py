@@ -63,3 +63,11 @@ def test_the_module_exports_the_entry_functions_under_sglang_s_names(incumbent, 
     assert source.startswith(f'#include "{tmp_path / "kernel" / "entry.cuh"}"\n')
     assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(dispatch, sglang::sparse_prefill_q8kv8_dispatch);" in source
     assert [name for name, _ in incumbent.ENTRIES] == ["dispatch", "dispatch_full", "dispatch_topk_length"]
+
+
+def test_the_readme_builds_the_incumbent_where_bench_py_is_told_to_load_it(incumbent):
+    readme = " ".join((SCRIPT.parents[1] / "README.md").read_text().split())  # line breaks as spaces
+    default = Path(".incumbent") / f"{incumbent.MODULE}.so"
+    assert "python benchmarks/incumbent.py" in readme
+    assert f"python benchmarks/bench.py --quick --incumbent {default}" in readme
+    assert f"sglang {incumbent.SGLANG_VERSION}'s `{incumbent.KERNEL}` kernel" in readme

@@ -8,6 +8,7 @@ import inspect
 import re
 import sys
 import types
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -104,3 +105,9 @@ def test_sparse_mla_takes_every_argument_sglang_s_callers_pass():
     for name, kind, default in ours[len(swap.SGLANG_PARAMETERS):]:
         assert kind == inspect.Parameter.KEYWORD_ONLY and default is not inspect.Parameter.empty, name
     assert swap.parameters(sglang_0_5_23) == swap.SGLANG_PARAMETERS
+
+
+def test_the_serving_guide_names_the_module_the_function_and_the_helper():
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    assert f"`{swap.MODULE}`" in guide.replace("\n", " ") and f"`{swap.FUNCTION}`" in guide
+    assert "sparse_mla.integrations.sglang.install()" in guide and "`flashmla_sparse_q8`" in guide
