@@ -5,6 +5,8 @@ eager call on the static buffers runs it once outside the capture; the graph is 
 example checks each replay against the float32 reference and times eager calls against replays.
 
     python examples/cuda_graph_prefill.py --s-q 512 --h-q 64
+
+Without an SM90 GPU it says so and exits with status 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 import sparse_mla
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-from sparse_mla.testing import assert_close_to_reference, make_inputs, reference_prefill
+from sparse_mla.testing import assert_close_to_reference, make_inputs, missing_sm90_gpu, reference_prefill
 
 
 def main() -> None:
@@ -28,6 +30,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     shape = dict(s_q=args.s_q, s_kv=args.s_kv, h_q=args.h_q, d_qk=576, topk=args.topk)
+    reason = missing_sm90_gpu()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        return
 
     sparse_mla.warmup(d_qk=576, topk=args.topk)  # load the kernel before any capture
     static = make_inputs(**shape, seed=0, topk_length="random", attn_sink="random")

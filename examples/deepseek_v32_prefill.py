@@ -14,6 +14,8 @@ call, CUDA events, median).
 
     python examples/deepseek_v32_prefill.py                  # s_q 4096, s_kv 32768
     python examples/deepseek_v32_prefill.py --s-kv 131072 --iters 50
+
+Without an SM90 GPU it says so and exits with status 0.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.testing import (
     median_time_ms,
+    missing_sm90_gpu,
     prefill_flops,
     quantize_fp8,
     random_indices,
@@ -50,6 +53,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    reason = missing_sm90_gpu()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        return
     s_q, s_kv, h_q, d_qk, topk, d_v = args.s_q, args.s_kv, args.h_q, args.d_qk, args.topk, 512
     torch.manual_seed(args.seed)
 

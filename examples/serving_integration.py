@@ -14,7 +14,8 @@
    ranks of a tensor-parallel server would share it.
 
 Steps 3-5 are compared with the float32 reference. Without an SM90 GPU, steps 1-2 run and the rest is
-skipped with the reason printed; the script then exits 0.
+skipped with the reason printed; the script then exits 0. Where step 2 can neither load nor compile the
+kernel (no nvcc and no prebuilt cache), it prints the library's message and exits 1.
 
     python examples/serving_integration.py                      # an SM90 GPU host with nvcc
     python examples/serving_integration.py --no-first-call      # a host without nvcc: skip step 7
@@ -31,7 +32,13 @@ import time
 
 import torch
 
-from sparse_mla.testing import assert_close_to_reference, make_inputs, median_time_ms, reference_prefill
+from sparse_mla.testing import (
+    assert_close_to_reference,
+    make_inputs,
+    median_time_ms,
+    missing_sm90_gpu,
+    reference_prefill,
+)
 
 D_QK, D_V = 576, 512
 
@@ -56,14 +63,6 @@ class SparsePrefillBackend:
         return self._prefill(
             q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, **self.buffers(q.shape[0])
         )
-
-
-def missing_gpu() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"{torch.cuda.get_device_name()} is not an SM90 (Hopper) GPU"
-    return None
 
 
 def check_eager(backend: SparsePrefillBackend, shape: dict) -> None:
@@ -168,9 +167,12 @@ def main() -> None:
     start = time.perf_counter()
     import sparse_mla
 
-    sparse_mla.warmup(d_qk=D_QK, topk=args.topk)
+    try:
+        sparse_mla.warmup(d_qk=D_QK, topk=args.topk)
+    except sparse_mla.SparseMLAError as error:  # e.g. no nvcc and no prebuilt kernel: its message says what to do
+        sys.exit(f"step 2 failed: {type(error).__name__}: {error}")
     print(f"1-2. imported sparse_mla and warmed up d_qk {D_QK}, topk {args.topk} in {time.perf_counter() - start:.2f} s")
-    reason = missing_gpu()
+    reason = missing_sm90_gpu()
     if reason is not None:
         print(f"skipped the GPU steps 3-7: {reason}")
         return

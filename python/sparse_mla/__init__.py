@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sparse_mla.errors import (
     CacheError,
+    ConfigurationError,
     JITDisabledError,
     KernelBuildError,
     KernelLoadError,
@@ -25,6 +26,7 @@ __version__ = "0.1.0"  # the only place the version is written (pyproject.toml r
 
 __all__ = [
     "CacheError",
+    "ConfigurationError",
     "JITDisabledError",
     "KernelBuildError",
     "KernelLoadError",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sparse_mla import __version__
-from sparse_mla.errors import SparseMLAError
+from sparse_mla.errors import ConfigurationError, SparseMLAError, ToolchainError
 from sparse_mla.jit import env, interrupt, store
 from sparse_mla.jit.build import CUDA_FLAGS, GENCODE, LINK_FLAGS, build_spec, headers_digest
 from sparse_mla.jit.cache import KernelCache
@@ -31,7 +31,8 @@ from sparse_mla.jit.key import SUPPORTED_D_QK, KernelKey
 
 _DESCRIPTION = """\
 sparse_mla: FP8 sparse MLA prefill kernels for Hopper, compiled ahead of time or on first use.
-Run `python -m sparse_mla COMMAND --help` for the options of a command."""
+Installing the package installs this command as `sparse-mla`; `python -m sparse_mla` is the same
+command. Run `{prog} COMMAND --help` for the options of a command."""
 
 _PREBUILD_EXAMPLES = """\
 examples:
@@ -272,27 +273,45 @@ def _compare(other: Path) -> int:
     return 0
 
 
+def _toolkit() -> str:
+    """The CUDA toolkit row of ``env``: a bad CUDA_HOME is shown there, since this command is where one
+    looks for it."""
+    try:
+        home = env.cuda_home()
+    except ToolchainError as error:
+        return f"error: {error}"
+    return f"{store.cuda_release(env.cuda_version(home))} at {home}" if home else "not found (no nvcc)"
+
+
+def _switches() -> str:
+    try:
+        env.check_switches()
+    except ConfigurationError as error:
+        return f"error: {error}"
+    return f"JIT disabled {env.jit_disabled()}, batch-invariant {env.batch_invariant()}, token groups {env.token_groups()}"
+
+
 def _env(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(build_identity(), indent=2))
         return 0
     if args.compare:
         return _compare(Path(args.compare))
-    home, root = env.cuda_home(), _root(args)
+    root = _root(args)
     lookup = dict.fromkeys([*([root] if root else []), *env.prebuilt_dirs()])
     rows = [
         ("sparse_mla", __version__),
         ("torch", _version_of("torch")),
         ("apache-tvm-ffi", _version_of("apache-tvm-ffi")),
         ("nvidia-cutlass", _version_of("nvidia-cutlass")),
-        ("CUDA toolkit", f"{store.cuda_release(env.cuda_version(home))} at {home}" if home else "not found (no nvcc)"),
+        ("CUDA toolkit", _toolkit()),
     ]
     rows += _torch_rows()
     rows += [
         ("cache dir (writable)", str(root or f"none ({_NO_ROOT})")),
         ("lookup dirs", ", ".join(str(p) for p in lookup)),
         ("trusted dirs", ", ".join(str(p) for p in env.trusted_dirs()) or "none"),
-        ("JIT disabled", str(env.jit_disabled())),
+        ("switches", _switches()),
     ]
     try:
         rows.append(("headers", str(env.include_dir())))
@@ -340,7 +359,9 @@ def _days(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     # Run as the console script, it is called what the user typed.
     prog = "sparse-mla" if Path(sys.argv[0]).name == "sparse-mla" else "python -m sparse_mla"
-    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=_DESCRIPTION.format(prog=prog), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"sparse_mla {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     prebuild = commands.add_parser(
@@ -407,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         handler = {"prebuild": _prebuild, "list": _list, "clean": _clean, "env": _env}[args.command]
         return handler(args)
+    except SparseMLAError as error:  # a bad switch or CUDA_HOME: its message says what to change
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

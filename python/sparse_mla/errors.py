@@ -1,6 +1,7 @@
 """Typed exceptions of sparse_mla.
 
-Bad arguments raise the built-in ``ValueError`` / ``TypeError``. Everything that goes wrong
+Bad arguments raise the built-in ``ValueError`` / ``TypeError``; so does a ``SPARSE_MLA_*`` environment
+switch with a value it does not accept (:class:`ConfigurationError`, a ``ValueError`` too). Everything that goes wrong
 around the kernel itself raises a subclass of :class:`SparseMLAError`, so that serving code can catch
 the library's failures in one place and tell them apart by type.
 """
@@ -10,6 +11,11 @@ from __future__ import annotations
 
 class SparseMLAError(RuntimeError):
     """Base class of the errors sparse_mla raises for reasons other than a bad argument."""
+
+
+class ConfigurationError(SparseMLAError, ValueError):
+    """A ``SPARSE_MLA_*`` environment switch holds a value it does not accept; the message names the
+    variable, its value and the values it accepts."""
 
 
 class UnsupportedGPUError(SparseMLAError):

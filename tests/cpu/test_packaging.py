@@ -1,6 +1,7 @@
 """A non-editable wheel ships the kernel headers inside the package, where the JIT finds them, the
 py.typed marker and the `sparse-mla` console script; type checkers see the lazy names' signatures;
-constraints.txt pins what the tests run with."""
+constraints.txt pins what the tests run with; the build floor and the dev extra say what CI and the
+README use."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_wheel_contains_the_headers_and_the_package(tmp_path):
     assert headers, "no headers in the checkout"
     for header in headers:
         assert f"sparse_mla/include/{header.as_posix()}" in names
-    for module in ("__init__.py", "api.py", "validate.py", "__main__.py", "jit/cache.py", "testing/__init__.py", "py.typed"):
+    for module in ("__init__.py", "api.py", "validate.py", "__main__.py", "jit/cache.py", "testing/__init__.py", "py.typed",
+                   "integrations/sglang.py"):
         assert f"sparse_mla/{module}" in names
     (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -88,3 +90,39 @@ def test_the_constraints_pin_the_versions_the_tests_run_with():
         line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")
     )
     assert pins == {name: importlib.metadata.version(name) for name in ("apache-tvm-ffi", "nvidia-cutlass")}
+
+
+def _pyproject() -> str:
+    return (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_build_requires_a_setuptools_that_reads_the_spdx_license_field():
+    """setuptools 76 rejects `license = "Apache-2.0"` (an SPDX expression) with `license-files`; 77 is the
+    first that builds the package (checked with `pip wheel . --no-build-isolation` in a venv of each)."""
+    (requires,) = re.findall(r"^requires = \[(.*)\]$", _pyproject(), re.MULTILINE)
+    floors = re.findall(r'"setuptools>=(\d+)[^"]*"', requires)
+    assert floors and int(floors[0]) >= 77, requires
+    assert re.search(r'^license = "Apache-2.0"$', _pyproject(), re.MULTILINE), "the floor is for the SPDX license field"
+
+
+def _extra(name: str) -> list[str]:
+    (items,) = re.findall(rf"^{name} = \[(.*)\]$", _pyproject(), re.MULTILINE)
+    return re.findall(r'"([^"]+)"', items)
+
+
+def test_the_dev_extra_is_what_ci_installs_and_what_the_readme_tells_a_developer_to_install():
+    """The dev extra is the test extra plus mypy pinned; CI installs it, and no other mypy, so the
+    README's test command runs every test CI runs (the type-checker test needs mypy)."""
+    dev, test = _extra("dev"), _extra("test")
+    assert set(test) < set(dev) and [r for r in dev if r not in test] == [r for r in dev if r.startswith("mypy==")], dev
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q ".[dev]" -c constraints.txt' in ci and "mypy==" not in ci
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -e ".[dev]"' in readme and ".[test]" not in readme
+
+
+def test_the_help_names_the_sparse_mla_command():
+    for argv in ([sys.executable, "-m", "sparse_mla", "--help"], [str(Path(sys.executable).parent / "sparse-mla"), "--help"]):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "installs this command as `sparse-mla`; `python -m sparse_mla` is the same\ncommand" in result.stdout, result.stdout

@@ -107,7 +107,7 @@ def build_spec(key: KernelKey) -> BuildSpec:
         include_dirs=(str(include),) + cutlass.include_dirs,
         inputs=inputs,
         source_digest=_sha256(json.dumps(inputs, sort_keys=True)),
-        cuda_version=env.cuda_version(env.cuda_home()),
+        cuda_version=env.cuda_version(env.lookup_cuda_home()),
     )
 
 

@@ -91,6 +91,7 @@ class KernelCache:
         return module
 
     def _find_or_build(self, key: KernelKey) -> Any:
+        env.check_switches()
         spec = self._spec_for(key)
         for root in env.lookup_dirs():
             for entry_dir in store.candidates(spec, root):

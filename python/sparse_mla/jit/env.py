@@ -2,6 +2,12 @@
 
 Read when a kernel is looked up (a miss in the in-process memo), never with a subprocess: a cache hit
 must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVARIANT`` and ``SPARSE_MLA_TOKEN_GROUPS`` (dict lookups).
+Each switch is checked where it is read: a value it does not accept raises
+:class:`~sparse_mla.errors.ConfigurationError` naming the variable and the accepted values, and a kernel
+lookup checks them all (:func:`check_switches`) before it loads or compiles anything. A set ``CUDA_HOME``
+or ``CUDA_PATH`` that is not a toolkit is never replaced by another toolkit: a compile raises
+:class:`~sparse_mla.errors.ToolchainError` naming it, and a lookup matches entries as on a host without a
+toolkit.
 
 | variable | meaning |
 | --- | --- |
@@ -12,8 +18,11 @@ must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVAR
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
 | ``SPARSE_MLA_BATCH_INVARIANT=1`` | every call runs in the batch-invariant mode (``batch_invariant=True``, see :mod:`sparse_mla.api`) unless it passes ``batch_invariant=False`` |
 | ``SPARSE_MLA_TOKEN_GROUPS`` | ``auto`` (default), ``always`` or ``never``: whether calls with at most 32 heads run adjacent tokens together over the union of their selections (see :mod:`sparse_mla.launch`); ``always`` and ``never`` are for tests and benchmarks |
-| ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``) |
-| ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (default: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
+| ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``); an unknown level is reported on stderr and ignored, since a logging setting is no reason to stop a process |
+| ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (unset: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
+
+The flags (``DISABLE_JIT``, ``JIT_VERBOSE``, ``BATCH_INVARIANT``) accept ``1``, ``true``, ``yes``, ``on``
+(set) and ``0``, ``false``, ``no``, ``off`` or empty (unset), in any case.
 """
 
 from __future__ import annotations
@@ -26,13 +35,26 @@ import re
 import shutil
 from pathlib import Path
 
-from sparse_mla.errors import ToolchainError
+from sparse_mla.errors import ConfigurationError, ToolchainError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off", "")
+
+
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    value = os.environ.get(name, "")
+    word = value.strip().lower()
+    if word in FLAG_ON:
+        return True
+    if word in FLAG_OFF:
+        return False
+    raise ConfigurationError(
+        f"{name}={value!r} is neither on ({', '.join(FLAG_ON)}) nor off ({', '.join(FLAG_OFF[:-1])} or empty); "
+        f"set one of those, or unset it"
+    )
 
 
 def jit_disabled() -> bool:
@@ -55,8 +77,20 @@ def token_groups() -> str:
     """``SPARSE_MLA_TOKEN_GROUPS``: one of TOKEN_GROUP_MODES (default ``auto``)."""
     mode = os.environ.get("SPARSE_MLA_TOKEN_GROUPS", "auto").strip().lower() or "auto"
     if mode not in TOKEN_GROUP_MODES:
-        raise ValueError(f"SPARSE_MLA_TOKEN_GROUPS must be one of {', '.join(TOKEN_GROUP_MODES)}, got {mode!r}")
+        raise ConfigurationError(
+            f"SPARSE_MLA_TOKEN_GROUPS must be one of {', '.join(TOKEN_GROUP_MODES)}, got {mode!r} (unset: auto)"
+        )
     return mode
+
+
+def check_switches() -> None:
+    """Reads every switch that changes what a call does, raising ConfigurationError at the first bad
+    value: a lookup runs this before it loads or compiles, so that a misspelt switch fails the first
+    call (or ``warmup``) at once rather than after a compile."""
+    jit_disabled()
+    verbose()
+    batch_invariant()
+    token_groups()
 
 
 def source_checkout_root() -> Path | None:
@@ -178,22 +212,43 @@ def _cutlass_header_version(include: Path) -> str:
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 
-def cuda_home() -> Path | None:
-    """The CUDA toolkit: CUDA_HOME/CUDA_PATH, /usr/local/cuda, or where the real ``nvcc`` lives.
+def _is_toolkit(path: Path) -> bool:
+    return (path / "bin" / "nvcc").is_file() and (path / "include" / "cuda.h").is_file()
 
-    ``nvcc`` on PATH may be a wrapper script (``/usr/local/bin/nvcc`` on some hosts), so a candidate
-    counts only if it holds both ``bin/nvcc`` and ``include/cuda.h``.
+
+def cuda_home() -> Path | None:
+    """The CUDA toolkit: CUDA_HOME (else CUDA_PATH) when set, else /usr/local/cuda or where the real
+    ``nvcc`` on PATH lives; None when there is none.
+
+    A toolkit holds both ``bin/nvcc`` and ``include/cuda.h`` (``nvcc`` on PATH may be a wrapper script,
+    ``/usr/local/bin/nvcc`` on some hosts). A variable that is set names the toolkit the user chose: when
+    it holds none, that is a ToolchainError, not a reason to compile with another toolkit.
     """
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_CUDA_HOME]
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        chosen = os.environ.get(variable, "").strip()
+        if chosen:
+            if _is_toolkit(Path(chosen)):
+                return Path(chosen)
+            raise ToolchainError(
+                f"{variable}={chosen} is not a CUDA toolkit (it needs bin/nvcc and include/cuda.h): point it at "
+                f"one (e.g. /usr/local/cuda-13.0), or unset it to use {DEFAULT_CUDA_HOME} or the nvcc on PATH; "
+                f"a host that only loads prebuilt kernels needs no toolkit"
+            )
+    candidates = [Path(DEFAULT_CUDA_HOME)]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "bin" / "nvcc").is_file() and (
-            Path(candidate) / "include" / "cuda.h"
-        ).is_file():
-            return Path(candidate)
-    return None
+        candidates.append(Path(nvcc).resolve().parent.parent)
+    return next((candidate for candidate in candidates if _is_toolkit(candidate)), None)
+
+
+def lookup_cuda_home() -> Path | None:
+    """The toolkit whose CUDA version cache entries must match: ``cuda_home()``, or None where CUDA_HOME
+    or CUDA_PATH holds no toolkit. A node that only loads prebuilt kernels needs no toolkit, so a stale
+    variable there must not stop it; a compile asks ``cuda_home()``, which reports the variable."""
+    try:
+        return cuda_home()
+    except ToolchainError:
+        return None
 
 
 def cuda_version(home: Path | None) -> str | None:

@@ -11,10 +11,12 @@
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
+- `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
 
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
 
+from sparse_mla.testing.device import missing_sm90_gpu
 from sparse_mla.testing.index_patterns import (
     PRESETS,
     IndexOverlap,
@@ -66,6 +68,7 @@ __all__ = [
     "logit_error_bound",
     "make_inputs",
     "median_time_ms",
+    "missing_sm90_gpu",
     "out_error_limits",
     "poisoned_outputs",
     "prefill_flops",
