@@ -363,7 +363,7 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
 }
 
 // A token-grouped call in one crossing of the FFI (each crossing converts and checks every argument
-// again: ~5 us of the caller's CPU saved, benchmarks/notes/2026-12-02.md, Experiment 81): the
+// again, on the caller's CPU; docs/lab.md, Experiment 81): the
 // pre-pass (token_groups_fwd) into the lists, then the grouped launch and the launch of the other
 // groups' tokens (prefill_fwd with `grouped` true, then false), with no tail split. Every argument is
 // checked before the first launch.

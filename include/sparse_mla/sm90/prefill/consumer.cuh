@@ -205,9 +205,9 @@ __device__ __forceinline__ void clear_nans(uint32_t (&a)[2][4][4]) {
 // The grouped tile's valid bits of this thread's two rows for consumer wg's block of stage `stage`, as
 // the producer copied them (one word per row's token). The pair loop loads them before it issues the
 // pair's Q.K^T and turns them into a RowMask after, so that the loads' latency passes behind the
-// wgmma issue: loaded after it, they waited behind the tensor cores' shared-memory reads (ncu: 3-4%
-// of a grouped launch's samples on the shifts that take them; at the softmax's start they delayed it
-// too, and the mask lived in spilled registers). frag_row(warp, g, 0) comes from the thread index
+// wgmma issue: loaded after it, they waited behind the tensor cores' shared-memory reads (ncu found
+// the shifts that take them stalled; at the softmax's start they delayed it too, and the mask lived
+// in spilled registers). frag_row(warp, g, 0) comes from the thread index
 // alone: through consumer_thread()'s warp shuffle, the loads would wait for the shuffle.
 struct RowValidWords {
   uint64_t row0, row1;
@@ -228,7 +228,7 @@ __device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D
 // the exact path exchanges the maxima, moves the references and writes P again.
 // (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle. The rest
 // comes from the thread index without consumer_thread()'s shuffles, whose latency the first P
-// addresses waited for: 1-2% of a call at every tile. Passed from the pair loop instead, it is
+// addresses waited for, at every tile. Passed from the pair loop instead, it is
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
@@ -363,8 +363,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   fence_operands(s);
   // Q is released as soon as the unit's last Q.K^T is retired (here, or in the loop after block 0's
   // P.V), half a pair before the last pair's P.V begins, so that the producer loads the next unit's
-  // Q earlier: 0.2-1.3% off grouped calls at 16-32 heads, 0.5-3% off the wide tile's
-  // (benchmarks/notes/2026-12-03.md, Experiment 99, and 2026-12-06.md, Experiment 124).
+  // Q earlier (docs/lab.md, Experiments 99 and 124).
   if (n_pairs == 1) mbarrier_arrive(&ss.q_empty);
   bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask, v_nan);
 

@@ -98,8 +98,8 @@ __device__ __forceinline__ void mbarrier_arrive(const uint64_t* bar) {
 // 16 bytes global -> shared; an invalid source is zero-filled and never read. The hint lets L2 fetch
 // the 128-byte block around the chunk: a gathered row of 576 bytes spans five such blocks (640
 // bytes) but three of 256 bytes (768). Where kv does not fit L2 the narrow tiles gather at DRAM's
-// pace, and with L2::256B they ran 3-7% slower; the wide tile the same within noise (Experiment 69
-// of benchmarks/notes/2026-12-02.md).
+// pace, and the wider hint's extra bytes slow them; the wide tile is indifferent (docs/lab.md,
+// Experiment 69).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)

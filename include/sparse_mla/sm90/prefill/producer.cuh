@@ -13,8 +13,8 @@
 // and only then arrives on q_full / kv_full (a plain release; the consumers acquire it by waiting).
 // Per pair, both blocks are issued before the first wait: block 0 (and, on a unit's first pair, Q)
 // arrives once its group has landed while block 1's copies are still in flight, block 1 at the end of
-// the pair. Waiting for each block before issuing the next cost 1-2% (5% at s_kv 128K): block 1's
-// refill then started only when block 0's copies had landed. Deferring block 1 to the next pair
+// the pair. Waiting for each block before issuing the next is slower, most at long s_kv: block 1's
+// refill then starts only when block 0's copies have landed. Deferring block 1 to the next pair
 // would deadlock: consumer 1 issues Q.K^T on it before releasing the block that pair waits for.
 // With the narrow tile the copies' landing arrives instead (copies_arrive, traits.cuh): the producer
 // waits only for free stages, and each consumer fences after its wait (narrow.cuh).

@@ -82,8 +82,8 @@ __device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int 
 // row_token_head of a token group without a division per row: row / h_q is (row * inverse) >> 16 with
 // inverse = floor(65535 / h_q) + 1 (2^16 / h_q where h_q is a power of two, its ceiling otherwise),
 // exact while row * h_q < 2^16 (rows < B_H, h_q <= NARROW_HEADS). The epilogue maps 16 rows a thread
-// per unit, a division each: 1.7-4% of a grouped call (benchmarks/notes/2026-12-05.md, Experiment
-// 101). The producer's two rows a unit keep row_token_head: with this form its 40 registers spilled.
+// per unit, and a division each is a visible share of a grouped call (docs/lab.md, Experiment 101).
+// The producer's two rows a unit keep row_token_head: with this form its 40 registers spilled.
 struct GroupRows {
   int h_q, inverse;
   __device__ __forceinline__ explicit GroupRows(int h_q) : h_q(h_q), inverse(65535 / h_q + 1) {}

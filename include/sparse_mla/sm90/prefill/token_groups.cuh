@@ -90,10 +90,9 @@ __host__ __device__ constexpr int group_cta_bytes(int group_size, int s_kv, int 
 }
 // Bits of a kv row's owner field: a byte where the map at a byte per row leaves the SM its three
 // CTAs; where it does not (s_kv past ~68K at topk 2048), 2 or 4 bits for groups of up to 2 or 4 tokens, so that at
-// s_kv 128K three CTAs share an SM instead of one (Experiment 56 of benchmarks/notes/2026-12-01.md:
-// the pre-pass 68-87 -> 45-57 us there; at 8-32K the packed map was 2-4 us slower: more rows share a
-// word, and reading a row's owners takes a shift). Past topk 2048 always a byte: packed, the kernel
-// would spill.
+// s_kv 128K three CTAs share an SM instead of one (docs/lab.md, Experiment 56). Only there: where a
+// byte a row fits, the packed map is slower (more rows share a word, and reading a row's owners takes
+// a shift). Past topk 2048 always a byte: packed, the kernel would spill.
 template <int TOPK>
 __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
   if (GROUP_CTAS_PER_SM<TOPK> < 3 || ctas_per_sm(group_cta_bytes<TOPK>(group_size, s_kv, 8)) >= 3) return 8;
@@ -101,7 +100,7 @@ __host__ __device__ constexpr int group_map_bits(int group_size, int s_kv) {
 }
 
 // Threads of the pre-pass's CTAs: WIDE_GROUP_THREADS where the byte map leaves an SM one CTA of 512
-// (benchmarks/notes/2026-12-01.md, Experiment 59), or where the call has at most one group an SM
+// (docs/lab.md, Experiment 59), or where the call has at most one group an SM
 // (`one_wave`: a short call, whose SMs get one CTA each whatever the map); a packed map (bits 2, 4)
 // leaves an SM three.
 template <int TOPK>
@@ -178,10 +177,9 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   // 8192), loaded at once at its start, and it marks them all into the map before one barrier, then
   // reads each slot's row's owners back: the slot makes the row's entry where no token before its own
   // selected the row, which is what a round's old value says, so the entries and their order are the
-  // rounds'. One barrier and one load latency instead of one of each a token (Experiment 94 of
-  // benchmarks/notes/2026-12-03.md: 8% off the pre-pass at 4096 x 128K, h_q 8); the later tokens'
-  // entries need no dependent load in the list pass either (Experiment 67 of
-  // benchmarks/notes/2026-12-01.md). Three CTAs of 512 threads share an SM, whose warps fill each
+  // rounds'. One barrier and one load latency instead of one of each a token (docs/lab.md,
+  // Experiment 94); the later tokens' entries need no dependent load in the list pass either
+  // (Experiment 67). Three CTAs of 512 threads share an SM, whose warps fill each
   // other's waits, and have no registers to spare (42 a thread at most, 39-40 used): they run rounds.
   constexpr bool MARKS_AT_ONCE = THREADS == WIDE_GROUP_THREADS;
   constexpr int KEY_TOKENS = MARKS_AT_ONCE ? max_group_size(TOPK) : 1;
@@ -227,8 +225,8 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   };
 
   // Per chunk of kv rows (one, unless s_kv > map_capacity): the rounds, then the entries the chunk's
-  // slots made appended to the list, each with its owner bits from the map (Experiment 52 of
-  // benchmarks/notes/2026-12-01.md: at 8K-32K a fifth less time than three passes over the slots).
+  // slots made appended to the list, each with its owner bits from the map: less time than three
+  // passes over the slots (docs/lab.md, Experiment 52).
   int32_t* const group_list = p.group_indices + static_cast<int64_t>(blockIdx.x) * slots;
   // Entries 0 .. first_common - 1 (the first chunk's common ones) are every token's.
   uint32_t entries = 0, group_valid_slots = 0, first_common = 0;
@@ -352,7 +350,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
     // part in the order above: a block of the first part is valid for every row of the tile, so the
     // grouped tile's softmax takes its unmasked path there, whatever order the tokens' slots come in
     // (in ascending kv-row order, first occurrence alone mixes the two parts, and the grouped tile
-    // ran ~11% slower: benchmarks/notes/2026-12-01.md, Experiment 52). Such an entry is token 0's.
+    // runs slower: docs/lab.md, Experiment 52). Such an entry is token 0's.
     const uint32_t everyone = (1u << tokens) - 1;
     uint32_t common = 0;
 #pragma unroll
@@ -404,9 +402,9 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
       // warp reads the unit's slots again and each slot's owners from the map (a slot makes its
       // row's entry where no token before its own selected the row, what its round found) and
       // places them where their owner would have. Where the entries are spread evenly (uniform
-      // selections) each warp lists its own, as dealing would, without the dealing's steps
-      // (benchmarks/notes/2026-12-05.md, Experiment 114: dealt always, uniform groups of 8 took 10%
-      // longer). Block-uniform: every warp reads the same counts.
+      // selections) each warp lists its own, as dealing would, without the dealing's steps, which
+      // slow uniform groups down (docs/lab.md, Experiments 114 and 115). Block-uniform: every warp
+      // reads the same counts.
       uint32_t later_entries = 0;  // lane w: warp w's
       for (int t = 1; t < tokens; ++t) later_entries += lane < WARPS ? counts[t * WARPS + lane] & 0xffffu : 0u;
       const uint32_t busiest = __reduce_max_sync(0xffffffffu, later_entries);
@@ -425,8 +423,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
             mine &= mine - 1;
             // The unit's slots, addressed from this thread's own (the owner's distance): addressed
             // through `unit_slot - first_slot`, ptxas issued the rounds' next-token loads after their
-            // atomics instead of before, and the rounds took 6% longer
-            // (benchmarks/notes/2026-12-05.md, Experiment 115).
+            // atomics instead of before, and the rounds took longer.
             int32_t later[WARP_ROWS];
 #pragma unroll
             for (int i = 0; i < WARP_ROWS; ++i) {
@@ -496,11 +493,9 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
 // a ballot and a scan of the warps' counts, and each token's mask is a range of the list: token 0
 // owns its first common + own0 entries, token 1 the common ones and the last own1. The list and the
 // masks are bitwise those of prefill_kernel_token_groups wherever its map holds the kv rows in one
-// chunk (pair_bitmaps_fit), in 28-39% less time at topk 2048 where groups pay (s_kv 8K-128K; ncu at
-// 8K: ~865 instructions a thread in that kernel, of which its rounds took 260, its list pass 285 and
-// its masks 142, against ~605 in this one's first form; Experiment 76 of
-// benchmarks/notes/2026-12-02.md). Where no group pays (uniform selections) it is ~1 us slower: it
-// classifies every slot before it knows.
+// chunk (pair_bitmaps_fit), in less time where groups pay: far fewer instructions a thread than that
+// kernel's rounds, list pass and masks (docs/lab.md, Experiment 76). Where no group pays (uniform
+// selections) it is slightly slower: it classifies every slot before it knows.
 // Words of one token's bitmap: every kv row, rounded up to whole 16-byte vectors and to at least 32
 // words (an insert of a slot that is not valid ORs 0 into word `lane`).
 __host__ __device__ constexpr int pair_bitmap_words(int s_kv) {
@@ -523,7 +518,7 @@ __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
 }
 
 // Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
-// ~229K): 4% faster than three at s_kv 8K-128K, where the loads' latency is what a CTA waits for.
+// ~229K): faster than three, as the loads' latency is what a CTA waits for.
 template <int TOPK>
 __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4 : 2))
     prefill_kernel_token_groups_of_two(const __grid_constant__ TokenGroupParams p) {

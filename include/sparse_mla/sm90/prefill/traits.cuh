@@ -147,8 +147,8 @@ struct SharedStorage {
 // once more after writing the valid bits, and each consumer fences after its wait; so the producer
 // never waits for a copy, and with the narrow consumers' early release (narrow.cuh) two pairs' copies
 // are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
-// cost 1.4-2% (benchmarks/notes/2026-12-01.md, Experiment 35), and they release a pair only after the
-// next one arrived, so one pair is in flight either way.
+// costs more than the producer's waits (docs/lab.md, Experiment 35), and they release a pair only
+// after the next one arrived, so one pair is in flight either way.
 template <Tile TILE>
 constexpr bool copies_arrive() { return is_narrow<TILE>(); }
 // Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
