@@ -43,6 +43,9 @@ namespace sparse_mla::sm90::prefill {
 constexpr int GROUP_THREADS = 512;
 constexpr int WIDE_GROUP_THREADS = 1024;
 constexpr int MAX_GROUP_SLOTS = 16384;  // G * TOPK at most: an entry's owner byte each
+// The pre-passes count a group's entries and valid slots in the two 16-bit halves of one word, summed
+// over the group's warps and tokens: neither count may reach the high half's bit 16.
+static_assert(MAX_GROUP_SLOTS <= 0xffff, "a group's counts fit 16 bits");
 // Bytes of the owner map at most. A kv row's owner bits take MAP_BITS = 8, 4 or 2 bits (group_map_bits).
 // With more kv rows than the map holds (map_capacity), it covers them in chunks of that many, the
 // group's slots are walked once per chunk, and the list holds each chunk's entries after the chunk
@@ -186,6 +189,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
   // The thread's slots that make an entry, one bit per (token, row): a register or two.
   using NewBits = std::conditional_t<(max_group_size(TOPK) * WARP_ROWS <= 32), uint32_t, uint64_t>;
   static_assert(max_group_size(TOPK) * WARP_ROWS <= 64, "one bit per token and row");
+  static_assert(max_group_size(TOPK) * TOPK <= MAX_GROUP_SLOTS, "the group's counts fit the 16-bit halves of counts");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group_size = p.group_size;
   const int slots = group_size * TOPK, padded_slots = (slots + 15) / 16 * 16;
@@ -516,6 +520,9 @@ template <int TOPK>
 __host__ __device__ constexpr bool pair_bitmaps_fit(int group_size, int s_kv) {
   return group_size == 2 && s_kv <= map_capacity(group_map_bits<TOPK>(group_size, s_kv));
 }
+// So it runs with at most map_capacity(2) kv rows (the map's fewest bits a row, group_map_bits): its
+// bitmaps then fit a CTA's shared memory.
+static_assert(pair_shared_bytes(map_capacity(2)) <= SHARED_MEMORY_PER_BLOCK, "the largest bitmaps fit");
 
 // Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
 // ~229K): faster than three, as the loads' latency is what a CTA waits for.
@@ -525,6 +532,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
   allow_dependent_grid();  // as in prefill_kernel_token_groups
   constexpr int WARPS = GROUP_THREADS / 32, WARP_ROWS = GROUP_WARP_ROWS<TOPK>;
   static_assert(PAIR_KERNEL<TOPK>, "a thread's slots fit its registers, their kinds a word");
+  static_assert(2 * TOPK <= MAX_GROUP_SLOTS, "the group's counts fit the 16-bit halves of warp_counts");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const uint32_t words = pair_bitmap_words(p.s_kv);
   extern __shared__ __align__(16) uint32_t bitmap_words[];
