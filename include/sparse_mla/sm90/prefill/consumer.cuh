@@ -43,8 +43,10 @@
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/mma.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/swizzle.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -63,7 +65,7 @@ __device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stag
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
     const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_64x64x32_ss(s, desc_sw64(dq + step), desc_sw64(dk + step), kk > 0);
+    wgmma_ss(s, desc_sw64(dq + step), desc_sw64(dk + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -93,7 +95,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+    for (int i = 0; i < 4; ++i) wgmma_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
   }
   cute::warpgroup_commit_batch();
 }

@@ -29,8 +29,10 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/mma.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/swizzle.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -48,35 +50,6 @@ struct NarrowState {
   float alpha[2 * J];       // the pair's rescale factor of O per head
 };
 
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14],
-      d[15], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3],
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
-                                                          d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13],
-                                                          d[14], d[15]);
-}
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
-                                                          d[5], d[6], d[7]);
-}
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3]);
-}
-
 // S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.
 template <int D_QK, int REGS>
 __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[REGS]) {
@@ -89,7 +62,7 @@ __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, i
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
     const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_narrow_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
+    wgmma_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -109,7 +82,7 @@ __device__ __forceinline__ void issue_pv_narrow(float (&o)[4][REGS], const uint3
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_narrow_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+      for (int i = 0; i < 4; ++i) wgmma_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
     }
   }
   cute::warpgroup_commit_batch();

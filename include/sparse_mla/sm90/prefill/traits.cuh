@@ -12,8 +12,6 @@
 
 #include <cstdint>
 
-#include <cute/swizzle.hpp>
-
 #include <sparse_mla/params.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -187,26 +185,5 @@ constexpr int shared_storage_bytes() {
 }
 constexpr int SHARED_MEMORY_PER_BLOCK = 232448;  // SM90's opt-in limit of dynamic shared memory, 227 KB
 static_assert(sizeof(SharedStorage<576>) <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
-
-// The 64-byte swizzle (SharedStorage above), its one definition: inside a 64-byte column block, the
-// 16-byte chunk index of row `row` is XORed with sw64_xor(row).
-__host__ __device__ constexpr int sw64_xor(int row) { return (row >> 1) & 3; }
-
-// Byte offset of 16-byte chunk `chunk` (of the row's D / 16) of row `row` in a swizzled tile of `rows` rows.
-__host__ __device__ __forceinline__ constexpr uint32_t swizzled_offset(int row, int chunk, int rows) {
-  return static_cast<uint32_t>((chunk >> 2) * (rows * 64) + row * 64 + (((chunk & 3) ^ sw64_xor(row)) << 4));
-}
-
-// Inside a column block it is CuTe's Swizzle<2, 4, 3> (bits 7-8 of the byte offset XORed into bits
-// 4-5), the layout wgmma's 64-byte swizzle mode reads; the pattern repeats every 8 rows (512 bytes).
-constexpr bool swizzle_is_cute_sw64() {
-  for (int row = 0; row < 8; ++row) {
-    for (int chunk = 0; chunk < 4; ++chunk) {
-      if (swizzled_offset(row, chunk, B_TOPK) != cute::Swizzle<2, 4, 3>{}(static_cast<uint32_t>(row * 64 + chunk * 16))) return false;
-    }
-  }
-  return true;
-}
-static_assert(swizzle_is_cute_sw64(), "swizzled_offset is the 64-byte swizzle wgmma reads");
 
 }  // namespace sparse_mla::sm90::prefill
