@@ -114,7 +114,7 @@ KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", prob
 # q_full by itself (copies_arrive in traits.cuh) and each consumer's fence after its wait; narrow.cuh
 # points here. Change it with the kernel, in the same commit.
 NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow", v_after_softmax=True, proxy_fence="consumer")
-# The grouped tile (token_groups.cuh) as it ships: KERNEL_ORDER with per-token valid bits.
+# The grouped tile (token_groups/) as it ships: KERNEL_ORDER with per-token valid bits.
 GROUPED_ORDER = replace(KERNEL_ORDER, tile="grouped")
 
 

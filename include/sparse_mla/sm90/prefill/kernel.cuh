@@ -37,7 +37,7 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
 
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
 // TILE (traits.cuh): the wide tile; the narrow ones for h_q <= NARROW_HEADS (and <= 16), launched
-// without a tail split; the grouped one over token groups (token_groups.cuh), also without.
+// without a tail split; the grouped one over token groups (token_groups/), also without.
 template <int D_QK, int TOPK, Tile TILE>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))

@@ -111,7 +111,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
   const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
-  // A token group's masks (token_groups.cuh): thread r < B_H copies, with each block's rows, the mask
+  // A token group's masks (token_groups/): thread r < B_H copies, with each block's rows, the mask
   // of tile row r's token into row_valid[..][r] (a group's unit starts at its list's first entry).
   const int group_size = params.group_size, mask_row = 32 * warp + lane;
   const bool copies_mask = GROUPED && mask_row < B_H;

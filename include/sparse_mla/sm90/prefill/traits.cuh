@@ -20,7 +20,7 @@ constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P
 constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (narrow.cuh)
 constexpr int NARROW_16_HEADS = 16;  // and up to this, the one of 16 heads
 constexpr int NARROW_8_HEADS = 8;    // and up to this, the one of 8 heads
-constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups.cuh): one owner bit each
+constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups/): one owner bit each
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
 constexpr int NUM_CONSUMER_THREADS = 256;  // WG0 and WG1
@@ -32,7 +32,7 @@ enum class Tile {
   kWide,     // 64 heads of one query token (consumer.cuh)
   kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (narrow.cuh)
   kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
-             // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
+             // the tokens' selections, each row masked to its own token's slots (token_groups/)
   kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
   kNarrow8,  // kNarrow with 8 heads, for h_q <= 8
 };
@@ -47,13 +47,13 @@ constexpr int narrow_heads() {
 template <Tile TILE>
 constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
 
-// A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
+// A token group's masks (the pre-pass, token_groups/, writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
 // list of `slots` entries), one 64-bit word per token t of the group (bit r: entry r of the block is
 // a slot of token t).
 __host__ __device__ constexpr int group_mask_blocks(int slots) { return (slots + 2 * B_TOPK - 1) / (2 * B_TOPK) * 2; }
 
-// The token groups' unit lists (token_groups.cuh appends, the two launches read): [0] the groups of
+// The token groups' unit lists (the pre-pass, token_groups/, appends, the two launches read): [0] the groups of
 // the grouped launch, [1] the tokens of the other launch, then the grouped launch's groups from
 // GROUPED_UNITS (at most ceil(s_q / G)), then the other launch's tokens (at most s_q).
 constexpr int GROUPED_UNITS = 2;
