@@ -1,4 +1,5 @@
-// The consumers' epilogue: full row sums, max_logits and lse, and the bf16 output.
+// The consumers' epilogue of the 64-row tiles (tiles/wide.cuh, tiles/grouped.cuh): full row sums,
+// max_logits and lse, and the bf16 output.
 //
 // Row sums and maxima are split between the consumers (each summed its own blocks' P) and across
 // the 4 threads of a row; consumer 0 turns them into the statistics and the per-head output scale,
@@ -14,6 +15,7 @@
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/tiles/grouped.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -42,7 +44,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = frag_row(warp, g, h);
-      const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, row);
+      const int2 token_head = TileTraits<TILE>::row_token_head(params, q_row, head_begin, row);
       const int token = token_head.x, head = token_head.y;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
@@ -113,7 +115,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // A token group's row r (head r % h_q of token q_row + r / h_q, head_begin 0) lies r * out_stride_h
   // past its first token's row where out_stride_s == h_q * out_stride_h (a [s_q, h_q, d_v] output):
   // there it is stored as the wide tile stores head r. Other strides find each row's token.
-  if constexpr (TILE == Tile::kGrouped) {
+  if constexpr (TileTraits<TILE>::kGroups) {
     if (params.out_stride_s != static_cast<int64_t>(params.h_q) * params.out_stride_h) {
       if (aligned) store(std::true_type{}, std::true_type{}); else store(std::false_type{}, std::true_type{});
       return;

@@ -17,7 +17,7 @@
 // refill then starts only when block 0's copies have landed. Deferring block 1 to the next pair
 // would deadlock: consumer 1 issues Q.K^T on it before releasing the block that pair waits for.
 // With the narrow tile the copies' landing arrives instead (copies_arrive, traits.cuh): the producer
-// waits only for free stages, and each consumer fences after its wait (narrow.cuh).
+// waits only for free stages, and each consumer fences after its wait (tiles/narrow.cuh).
 #pragma once
 
 #include <cstdint>
@@ -76,7 +76,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   // before they arrived on that unit's q_empty, which this thread waited for before its previous
   // unit's Q; released by this thread's q_full arrival. (One slot, written after the q_empty wait
   // below, made the producer spill 72 bytes.)
-  if constexpr (TILE == Tile::kGrouped) {
+  if constexpr (TileTraits<TILE>::kGroups) {
     if (lane == 0 && warp == 0) ss.group_unit[unit_count % 2] = make_int2(w.item, w.n_pairs);
   }
   // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
@@ -89,8 +89,8 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       const bool valid = rows[k] < num_heads;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
                            (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
-      if constexpr (TILE == Tile::kGrouped) {  // row r: head r % h_q of token q_row + r / h_q
-        const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, valid ? rows[k] : 0);
+      if constexpr (TileTraits<TILE>::kGroups) {  // row r: head r % h_q of token q_row + r / h_q
+        const int2 token_head = TileTraits<TILE>::row_token_head(params, q_row, head_begin, valid ? rows[k] : 0);
         src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
               static_cast<int64_t>(token_head.y) * params.q_stride_h + chunk * 16;
       }
@@ -107,7 +107,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
     }
   }
 
-  constexpr bool GROUPED = TILE == Tile::kGrouped;
+  constexpr bool GROUPED = TileTraits<TILE>::kGroups;
   const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
   const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };

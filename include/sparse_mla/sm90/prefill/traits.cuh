@@ -17,7 +17,7 @@
 namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
-constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (narrow.cuh)
+constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (tiles/narrow.cuh)
 constexpr int NARROW_16_HEADS = 16;  // and up to this, the one of 16 heads
 constexpr int NARROW_8_HEADS = 8;    // and up to this, the one of 8 heads
 constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups/): one owner bit each
@@ -29,23 +29,23 @@ constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + NUM_PRODUCER_THREADS;
 constexpr int CONSUMER_D_V = D_V / 2;      // output columns of each consumer's O^T
 // The consumers' tile, one kernel instantiation each (kernel.cuh).
 enum class Tile {
-  kWide,     // 64 heads of one query token (consumer.cuh)
-  kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (narrow.cuh)
-  kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
-             // the tokens' selections, each row masked to its own token's slots (token_groups/)
+  kWide,     // 64 heads of one query token (tiles/wide.cuh)
+  kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (tiles/narrow.cuh)
+  kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t (tiles/grouped.cuh)
   kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
   kNarrow8,  // kNarrow with 8 heads, for h_q <= 8
 };
-// The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
+// A tile's policy, specialized in its file under tiles/: what the shared roles (producer, pair loops,
+// epilogue, scheduler, kernel) ask of the tile, instead of which tile it is.
+//   kHeads          the tile's heads of one token: B_H, or a narrow tile's N of Q.K^T and P.V
+//   kNarrow         the consumers run the transposed pair loop and epilogue of tiles/narrow.cuh, and the
+//                   launch of a token-grouped call's single tokens (scheduler.cuh, work_unit)
+//   kGroups         a work item is a token group, each tile row masked to its token's slots
+//   kSplits         the tile runs the tail split (split.cuh)
+//   kCopiesArrive   how the producer hands a block over (copies_arrive, below)
+//   row_token_head  the query token and head of a tile row
 template <Tile TILE>
-constexpr int narrow_heads() {
-  return TILE == Tile::kNarrow     ? NARROW_HEADS
-         : TILE == Tile::kNarrow16 ? NARROW_16_HEADS
-         : TILE == Tile::kNarrow8  ? NARROW_8_HEADS
-                                   : 0;
-}
-template <Tile TILE>
-constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
+struct TileTraits;
 
 // A token group's masks (the pre-pass, token_groups/, writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
@@ -74,7 +74,7 @@ __host__ __device__ constexpr int64_t group_units_size(int64_t s_q, int64_t grou
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
 // token group, whose list holds up to MAX_GROUP * TOPK slots.
 template <int TOPK, Tile TILE>
-constexpr bool one_block_tile() { return TOPK <= B_TOPK && TILE != Tile::kGrouped; }
+constexpr bool one_block_tile() { return TOPK <= B_TOPK && !TileTraits<TILE>::kGroups; }
 // setmaxnreg budgets: 2 x 232 + 40 = 504 = 3 x 168, the registers the CTA is launched with
 // (__launch_bounds__(384, 1) caps a thread at 168); setmaxnreg.inc waits forever if the producer
 // did not free what the consumers take.
@@ -143,12 +143,12 @@ struct SharedStorage {
 // waits for its copies to land, fences them for the async proxy and arrives. The narrow tiles: the
 // copies' landing arrives by itself (cp.async.mbarrier.arrive.noinc), lane 0 of each warp arrives
 // once more after writing the valid bits, and each consumer fences after its wait; so the producer
-// never waits for a copy, and with the narrow consumers' early release (narrow.cuh) two pairs' copies
+// never waits for a copy, and with the narrow consumers' early release (tiles/narrow.cuh) two pairs' copies
 // are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
 // costs more than the producer's waits (docs/lab.md, Experiment 35), and they release a pair only
 // after the next one arrived, so one pair is in flight either way.
 template <Tile TILE>
-constexpr bool copies_arrive() { return is_narrow<TILE>(); }
+constexpr bool copies_arrive() { return TileTraits<TILE>::kCopiesArrive; }
 // Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
 // fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
 // each producer warp after its valid bits (otherwise its one arrival comes after them).

@@ -2,7 +2,7 @@
 //
 // With h_q <= 32 heads (a tensor-parallel rank), a tile of one token leaves 64 - h_q of its rows
 // empty. Neighbouring tokens of a real indexer select mostly the same kv rows, so the grouped tile
-// (Tile::kGrouped) stacks G = min(MAX_GROUP, 64 / h_q) tokens into one tile (row t * h_q + h: head h
+// (tiles/grouped.cuh) stacks G = min(MAX_GROUP, 64 / h_q) tokens into one tile (row t * h_q + h: head h
 // of token t), gathers the union of their selections once and masks each row to its own token's
 // slots. prefill_kernel_token_groups (owner_map.cuh) lists, per group, that union: each distinct valid kv row once,
 // first the rows that every token of the group selected, then the others, each part in the order of

@@ -1,5 +1,6 @@
-// The narrow-head tile: the consumers' pair loop and epilogue for h_q <= NARROW_HEADS (tensor-parallel
-// ranks), with the logits computed transposed so that the tile's N, not its M, spans the heads.
+// The narrow-head tiles (Tile::kNarrow, kNarrow16, kNarrow8): the consumers' pair loop and epilogue for
+// h_q <= NARROW_HEADS (tensor-parallel ranks), with the logits computed transposed so that the tile's
+// N, not its M, spans the heads.
 //
 // Per pair, consumer w (w = 0, 1), as in consumer.cuh but transposed:
 //   S_w^T = K_w . Q^T          64 slots x NH heads of block w, e4m3 wgmma m64nNHk32 (SS), A = the
@@ -36,6 +37,22 @@
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
+
+// The narrow tiles' policy: NH heads of one token, no tail split, the copies arriving by themselves.
+template <int NH>
+struct NarrowTileTraits {
+  static constexpr int kHeads = NH;
+  static constexpr bool kNarrow = true;
+  static constexpr bool kGroups = false;
+  static constexpr bool kSplits = false;
+  static constexpr bool kCopiesArrive = true;
+};
+template <>
+struct TileTraits<Tile::kNarrow> : NarrowTileTraits<NARROW_HEADS> {};
+template <>
+struct TileTraits<Tile::kNarrow16> : NarrowTileTraits<NARROW_16_HEADS> {};
+template <>
+struct TileTraits<Tile::kNarrow8> : NarrowTileTraits<NARROW_8_HEADS> {};
 
 // NH, the tile's heads (the N of Q.K^T and of P.V): 32 (Tile::kNarrow), 16 (Tile::kNarrow16) for
 // h_q <= 16 or 8 (Tile::kNarrow8) for h_q <= 8, each halving the tensor work and the exponentials
