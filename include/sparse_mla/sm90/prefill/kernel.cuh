@@ -14,6 +14,7 @@
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
 #include <sparse_mla/sm90/prefill/epilogue.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/producer.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>

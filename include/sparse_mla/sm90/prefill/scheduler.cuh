@@ -1,40 +1,19 @@
-// The work-unit sequence of a CTA and the pipeline cursors of its rings of buffers.
+// The work-unit sequence of a CTA.
 //
 // The producer and the consumers never exchange which unit or which stage comes next: each role
 // iterates its own WorkScheduler (kernel.cuh's two unit loops), which walks this CTA's units in one
 // order (work_unit) and counts the units and pairs before the current one, and both roles derive
-// each mbarrier's stage and parity from those counts through the same cursor (PipelineState).
+// each mbarrier's stage and parity from those counts through the same cursor (PipelineState,
+// pipeline.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
-
-// A position in a ring of STAGES buffers that mbarriers hand between the roles (CUTLASS's
-// PipelineState): the buffer `index` to use and the parity `phase` of its mbarrier phase to wait for,
-// both derived from the count of the CTA's earlier uses of the ring, across work units. A cursor is
-// made from the count where it is used rather than stepped by an advance: where the index and the
-// phase are computed shapes the pair loops' SASS, and this keeps them where the kernel computed them
-// before the cursor existed (the stepped form compiles to a different schedule).
-template <int STAGES>
-struct PipelineState {
-  int count;       // uses of the ring by this CTA before this one
-  int index;       // the buffer
-  uint32_t phase;  // parity of the phase that fills the buffer this time (kv_full, q_full)
-
-  __device__ __forceinline__ explicit PipelineState(int count)
-      : count(count), index(count % STAGES), phase((count / STAGES) & 1) {}
-  // The buffer was used before: its refill waits for the release of that use (kv_empty, q_empty), at
-  // parity empty_phase().
-  __device__ __forceinline__ bool reused() const { return count >= STAGES; }
-  __device__ __forceinline__ uint32_t empty_phase() const { return ((count / STAGES) - 1) & 1; }
-  __device__ __forceinline__ PipelineState next() const { return PipelineState(count + 1); }
-};
-using QStage = PipelineState<1>;            // the Q tile: one buffer, q_full and q_empty
-using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks each: kv_full, kv_empty
 
 // A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
 // takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from

@@ -42,7 +42,7 @@ enum class Tile {
 //                   launch of a token-grouped call's single tokens (scheduler.cuh, work_unit)
 //   kGroups         a work item is a token group, each tile row masked to its token's slots
 //   kSplits         the tile runs the tail split (split.cuh)
-//   kCopiesArrive   how the producer hands a block over (copies_arrive, below)
+//   kCopiesArrive   how the producer hands a block over (copies_arrive, pipeline.cuh)
 //   row_token_head  the query token and head of a tile row
 template <Tile TILE>
 struct TileTraits;
@@ -138,27 +138,6 @@ struct SharedStorage {
   int2 group_unit[2];  // grouped tile, [unit count % 2]: the unit's group and pairs, from the producer
                        // to the consumers (producer.cuh, before its q_full arrival)
 };
-
-// How the producer hands a block over (producer.cuh). The wide and grouped tiles: each producer thread
-// waits for its copies to land, fences them for the async proxy and arrives. The narrow tiles: the
-// copies' landing arrives by itself (cp.async.mbarrier.arrive.noinc), lane 0 of each warp arrives
-// once more after writing the valid bits, and each consumer fences after its wait; so the producer
-// never waits for a copy, and with the narrow consumers' early release (tiles/narrow.cuh) two pairs' copies
-// are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
-// costs more than the producer's waits (docs/lab.md, Experiment 35), and they release a pair only
-// after the next one arrived, so one pair is in flight either way.
-template <Tile TILE>
-constexpr bool copies_arrive() { return TileTraits<TILE>::kCopiesArrive; }
-// Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
-// fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
-// each producer warp after its valid bits (otherwise its one arrival comes after them).
-template <Tile TILE>
-constexpr int kv_full_arrivals() { return NUM_PRODUCER_THREADS + (copies_arrive<TILE>() ? NUM_PRODUCER_THREADS / 32 : 0); }
-constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
-// Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
-// reads are released to the producer (an arrival by one lane would release only that lane's).
-constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
-constexpr int Q_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
 
 // Accumulators and softmax state a consumer thread carries from its pair loop (consumer.cuh) to the
 // tail split's merge (split.cuh) and the epilogue (epilogue.cuh).
