@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/finalize.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/tiles/grouped.cuh>
@@ -23,7 +24,6 @@ namespace sparse_mla::sm90::prefill {
 template <int D_QK, Tile TILE>
 __device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
-  constexpr float LN2 = 0.6931471805599453f;
   const ConsumerThread thread = consumer_thread();  // named fields: the store lambda below captures c
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
 
@@ -48,27 +48,10 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
       const int token = token_head.x, head = token_head.y;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
-      float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
-      if (st.reference[h] == -INFINITY && isnan(row_max)) {
-        scale = lse = mx = NAN;  // valid slots whose logits are all NaN: NaN, as out, lse and max_logits of any NaN row
-      } else if (st.reference[h] != -INFINITY) {
-        // Approximate intrinsics (a few ulps; sum lies in [2^-1/4, 2^8.25 * topk], the max logit's P
-        // being at least 2^-1/4): no slow-path calls. A NaN logit makes sum, and so all three, NaN.
-        lse = (st.reference[h] + __log2f(sum)) * LN2;
-        mx = row_max * LN2;
-        scale = __fdividef(kv_scale, sum);
-        // A sink of +inf gives 1 / inf = 0: the row's output is zero.
-        if (params.attn_sink != nullptr && row < num_heads) {
-          scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
-        }
-      }
+      const RowOutputs r = finalize_row(params, st.reference[h], sum, row_max, kv_scale, head, row < num_heads);
       if (c == 0) {
-        ss.out_scale[row] = scale;
-        if (row < num_heads) {
-          params.max_logits[static_cast<int64_t>(token) * params.max_logits_stride_s +
-                            static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
-          params.lse[static_cast<int64_t>(token) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
-        }
+        ss.out_scale[row] = r.scale;
+        if (row < num_heads) store_row_outputs(params, token, head, r);
       }
     }
   }

@@ -30,6 +30,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/finalize.cuh>
 #include <sparse_mla/sm90/prefill/mma.cuh>
 #include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
@@ -330,7 +331,6 @@ template <int D_QK, int NH>
 __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                                      const NarrowState<NH>& st, int q_row, int num_heads) {
   constexpr int NH_J = NarrowState<NH>::J;
-  constexpr float LN2 = 0.6931471805599453f;
   const ConsumerThread thread = consumer_thread();
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
 #pragma unroll
@@ -354,22 +354,10 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
       sum += ss.head_sum[k / 4][k % 4][head];
       row_max = max_nan(row_max, ss.head_max[k / 4][k % 4][head]);
     }
-    const float reference = ss.head_reference[head];
-    float scale = 0.f, lse = INFINITY, mx = -INFINITY;
-    if (reference == -INFINITY && isnan(row_max)) {
-      scale = lse = mx = NAN;
-    } else if (reference != -INFINITY) {
-      lse = (reference + __log2f(sum)) * LN2;
-      mx = row_max * LN2;
-      scale = __fdividef(*params.kv_scale, sum);
-      if (params.attn_sink != nullptr && head < num_heads) scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
-    }
-    ss.out_scale[head] = scale;
-    if (head < num_heads) {
-      params.max_logits[static_cast<int64_t>(q_row) * params.max_logits_stride_s +
-                        static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
-      params.lse[static_cast<int64_t>(q_row) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
-    }
+    const RowOutputs r =
+        finalize_row(params, ss.head_reference[head], sum, row_max, *params.kv_scale, head, head < num_heads);
+    ss.out_scale[head] = r.scale;
+    if (head < num_heads) store_row_outputs(params, q_row, head, r);
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
 
