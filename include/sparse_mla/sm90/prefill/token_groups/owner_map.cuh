@@ -14,6 +14,28 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// The (token, warp) counts of a chunk scanned by warp 0, each lane 4 (or fewer) of them in order:
+// before[k] holds the sum of the counts before (token, warp) k, before[MAX_GROUP * WARPS] all of them.
+template <int WARPS>
+__device__ __forceinline__ void scan_token_counts(const uint32_t* counts, uint32_t* before, int tokens, int lane) {
+  constexpr int PER_LANE = MAX_GROUP * WARPS / 32;
+  uint32_t c[PER_LANE], sum = 0;
+#pragma unroll
+  for (int k = 0; k < PER_LANE; ++k) {
+    const int at = lane * PER_LANE + k;
+    c[k] = at < tokens * WARPS ? counts[at] : 0u;
+    sum += c[k];
+  }
+  const uint32_t scan = inclusive_lane_scan<32>(sum);
+  uint32_t at = scan - sum;
+#pragma unroll
+  for (int k = 0; k < PER_LANE; ++k) {
+    before[lane * PER_LANE + k] = at;
+    at += c[k];
+  }
+  if (lane == 31) before[MAX_GROUP * WARPS] = scan;
+}
+
 // One CTA per group. The owner map is indexed by kv row: bit t of row r's field says that token t
 // selected r, so inserting a slot is one shared-memory atomicOr, with no probing, and its old value
 // says whether the token had the row already (a duplicate) and whether an earlier token had it. The
@@ -183,25 +205,7 @@ __global__ void __launch_bounds__(THREADS, (GROUP_CTAS_PER_SM<TOPK, THREADS>))
       }
       if (!pays) break;
     }
-    // The (token, warp) counts scanned by warp 0, each lane 4 (or fewer) of them in order.
-    constexpr int PER_LANE = MAX_GROUP * WARPS / 32;
-    if (warp == 0) {
-      uint32_t c[PER_LANE], sum = 0;
-#pragma unroll
-      for (int k = 0; k < PER_LANE; ++k) {
-        const int at = lane * PER_LANE + k;
-        c[k] = at < tokens * WARPS ? counts[at] : 0u;
-        sum += c[k];
-      }
-      const uint32_t scan = inclusive_lane_scan<32>(sum);
-      uint32_t at = scan - sum;
-#pragma unroll
-      for (int k = 0; k < PER_LANE; ++k) {
-        before[lane * PER_LANE + k] = at;
-        at += c[k];
-      }
-      if (lane == 31) before[MAX_GROUP * WARPS] = scan;
-    }
+    if (warp == 0) scan_token_counts<WARPS>(counts, before, tokens, lane);
     __syncthreads();
     const uint32_t sums = before[MAX_GROUP * WARPS];
     const uint32_t chunk_begin = entries;
