@@ -22,6 +22,28 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// Bits [begin, end) of the list that fall in the block of 64 entries from block_begin, as its mask.
+__device__ __forceinline__ uint64_t range_bits(uint32_t begin, uint32_t end, uint32_t block_begin) {
+  const uint32_t lo = min(max(begin, block_begin), block_begin + B_TOPK) - block_begin;
+  const uint32_t hi = min(max(end, block_begin), block_begin + B_TOPK) - block_begin;
+  if (hi <= lo) return 0;
+  return (hi == B_TOPK ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+}
+
+// Token t's mask of each block a pair reads: its ranges of the list, token 0's [0, own0_end),
+// token 1's [0, common) and [own0_end, entries).
+template <int TOPK>
+__device__ __forceinline__ void write_pair_masks(const TokenGroupParams& p, uint32_t common, uint32_t own0_end,
+                                                 uint32_t entries) {
+  uint64_t* masks = p.group_masks + static_cast<int64_t>(blockIdx.x) * group_mask_blocks(2 * TOPK) * 2;
+  const int list_blocks = group_mask_blocks(static_cast<int>(entries));
+  for (int w = threadIdx.x; w < 2 * list_blocks; w += GROUP_THREADS) {
+    const uint32_t block_begin = w / 2 * B_TOPK;
+    masks[w] = w % 2 == 0 ? range_bits(0, own0_end, block_begin)
+                          : range_bits(0, common, block_begin) | range_bits(own0_end, entries, block_begin);
+  }
+}
+
 // Four CTAs an SM up to topk 2048 (32 registers, no spills; its shared memory allows four up to s_kv
 // ~229K): faster than three, as the loads' latency is what a CTA waits for.
 template <int TOPK>
@@ -138,21 +160,7 @@ __global__ void __launch_bounds__(GROUP_THREADS, (GROUP_WARP_ROWS<TOPK> <= 4 ? 4
     if (is_own1) list[at_own1 + __popc(own1s & below)] = key[1][i];
     at_own1 += __popc(own1s);
   }
-  // Token t's mask of each block a pair reads: its ranges of the list, token 0's [0, own0_end),
-  // token 1's [0, common) and [own0_end, entries).
-  uint64_t* masks = p.group_masks + static_cast<int64_t>(blockIdx.x) * group_mask_blocks(2 * TOPK) * 2;
-  const auto range_bits = [](uint32_t begin, uint32_t end, uint32_t block_begin) -> uint64_t {
-    const uint32_t lo = min(max(begin, block_begin), block_begin + B_TOPK) - block_begin;
-    const uint32_t hi = min(max(end, block_begin), block_begin + B_TOPK) - block_begin;
-    if (hi <= lo) return 0;
-    return (hi == B_TOPK ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
-  };
-  const int list_blocks = group_mask_blocks(static_cast<int>(entries));
-  for (int w = threadIdx.x; w < 2 * list_blocks; w += GROUP_THREADS) {
-    const uint32_t block_begin = w / 2 * B_TOPK;
-    masks[w] = w % 2 == 0 ? range_bits(0, own0_end, block_begin)
-                          : range_bits(0, common, block_begin) | range_bits(own0_end, entries, block_begin);
-  }
+  write_pair_masks<TOPK>(p, common, own0_end, entries);
 }
 
 }  // namespace sparse_mla::sm90::prefill
