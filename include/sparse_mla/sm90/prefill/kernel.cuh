@@ -80,16 +80,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh).
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
-    const ProducerThread pt = producer_thread();
-    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    for (; scheduler.has_work(); scheduler.advance()) {
-      const WorkUnit w = scheduler.current();
-      produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
-    }
-    if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
+    run_producer<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);

@@ -188,4 +188,20 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   }
 }
 
+// The producer warpgroup's role: produce_unit for each of the CTA's work units.
+template <int D_QK, int TOPK, Tile TILE>
+__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+                                             int n_units) {
+  const ProducerThread pt = producer_thread();
+  WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
+  for (; scheduler.has_work(); scheduler.advance()) {
+    const WorkUnit w = scheduler.current();
+    produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+  }
+  if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+}
+
 }  // namespace sparse_mla::sm90::prefill
