@@ -84,15 +84,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
-    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    if constexpr (Traits::kNarrow) {  // whole items only: the launch runs a split call with the wide tile
-      for (; scheduler.has_work(); scheduler.advance()) {
-        const WorkUnit w = scheduler.current();
-        NarrowState<Traits::kHeads> st;
-        run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
-        store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
-      }
+    if constexpr (Traits::kNarrow) {
+      run_narrow_consumers<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units, scale_log2);
     } else {
+      WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
       // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
       // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
       // different code at topk 1 and 64.

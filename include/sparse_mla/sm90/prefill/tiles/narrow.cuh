@@ -388,4 +388,18 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
   }
 }
 
+// The consumer warpgroups' role with a narrow tile: each work unit's pairs, then its outputs (whole
+// items only: the launch runs a split call with the wide tile).
+template <int D_QK, int TOPK, Tile TILE>
+__device__ __forceinline__ void run_narrow_consumers(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+                                                     int n_units, float scale_log2) {
+  WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
+  for (; scheduler.has_work(); scheduler.advance()) {
+    const WorkUnit w = scheduler.current();
+    NarrowState<TileTraits<TILE>::kHeads> st;
+    run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
+    store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
+  }
+}
+
 }  // namespace sparse_mla::sm90::prefill
