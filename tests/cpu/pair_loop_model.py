@@ -3,8 +3,9 @@
 What it models. The events of the producer warpgroup (produce_unit, producer.cuh) and of the two
 consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs; or,
 with the narrow-head tile, run_narrow_mainloop, softmax_narrow, store_outputs_narrow: tiles/narrow.cuh), both
-in kernel.cuh's unit loops, for a sequence of work units on one CTA, each event named after the kernel
-statement it stands for: cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
+in the roles' unit loops (run_producer; kernel.cuh, or run_narrow_consumers), for a sequence of work units
+on one CTA, each event named after the kernel statement it stands for: cp.async issue, commit and
+wait_group; mbarrier arrivals (plain, and the cp.async-tracking
 cp_async_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
 wait_group; st.shared, ld.shared and ldmatrix; fence.proxy.async. From them, check() builds the
 happens-before graph:
@@ -235,7 +236,7 @@ def kernel_roles(order: KernelOrder, units) -> dict[str, list[Event]]:
             "consumer 1": consumer_events(order, units, 1)}
 
 
-# ---- The producer: kernel.cuh's unit loop and produce_unit (producer.cuh). ----
+# ---- The producer: run_producer's unit loop and produce_unit (producer.cuh). ----
 def producer_events(order, units):
     p = _Trace()
     pair_base = 0  # pairs of earlier units: stages and phases continue across units
@@ -312,7 +313,7 @@ def consumer_events(order, units, wg):
             c(mbarrier_wait("q_full", unit_count), ld_shared(f"group_unit[{unit_count % 2}]", "current_from_producer"))
         _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg)
         pair_base += unit.n_pairs
-        if order.tile == "narrow":  # kernel.cuh's NARROW loop: whole items, then store_outputs_narrow
+        if order.tile == "narrow":  # run_narrow_consumers: whole items, then store_outputs_narrow
             assert unit.split is None, "the narrow tile runs no split call (launch.cuh)"
             c.at(unit_count, unit.n_pairs, "epilogue")
             _store_outputs_narrow(c, wg)

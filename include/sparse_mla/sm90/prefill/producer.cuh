@@ -1,4 +1,4 @@
-// The producer warpgroup: for each work unit of the CTA (its unit loop is kernel.cuh's), produce_unit
+// The producer warpgroup: for each work unit of the CTA (its unit loop is run_producer's), produce_unit
 // loads the unit's Q tile, then gathers the KV rows of every pair of blocks into a stage, NUM_STAGES
 // pairs ahead of the consumers at most.
 //

@@ -1,10 +1,10 @@
 // The work-unit sequence of a CTA.
 //
 // The producer and the consumers never exchange which unit or which stage comes next: each role
-// iterates its own WorkScheduler (kernel.cuh's two unit loops), which walks this CTA's units in one
-// order (work_unit) and counts the units and pairs before the current one, and both roles derive
-// each mbarrier's stage and parity from those counts through the same cursor (PipelineState,
-// pipeline.cuh).
+// iterates its own WorkScheduler (run_producer's unit loop, the consumers' in kernel.cuh or
+// run_narrow_consumers), which walks this CTA's units in one order (work_unit) and counts the units
+// and pairs before the current one, and both roles derive each mbarrier's stage and parity from those
+// counts through the same cursor (PipelineState, pipeline.cuh).
 #pragma once
 
 #include <cstdint>
