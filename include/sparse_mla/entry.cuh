@@ -21,7 +21,7 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/launch.cuh>
-#include <sparse_mla/sm90/prefill/token_groups.cuh>
+#include <sparse_mla/sm90/prefill/token_groups/launch.cuh>
 
 namespace sparse_mla {
 
@@ -112,7 +112,7 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
   }
 }
 
-// The token groups' lists (sm90/prefill/token_groups.cuh): group_size 1 and no tensors, or
+// The token groups' lists (sm90/prefill/token_groups/): group_size 1 and no tensors, or
 // 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
 // group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G]
 // (traits.cuh), group_length int32 [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)] (traits.cuh).
@@ -342,7 +342,7 @@ TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::O
 
 }  // namespace detail
 
-// The token groups' lists (sm90/prefill/token_groups.cuh) for a call with indices [s_q, 1, TOPK]
+// The token groups' lists (sm90/prefill/token_groups/) for a call with indices [s_q, 1, TOPK]
 // int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
 // describes. A group whose list holds more than max_union_ratio entries per valid slot gets
 // group_length -1, and its list is not read (left as it was, but past map_capacity kv rows, where the
@@ -363,7 +363,7 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
 }
 
 // A token-grouped call in one crossing of the FFI (each crossing converts and checks every argument
-// again: ~5 us of the caller's CPU saved, benchmarks/notes/2026-12-02.md, Experiment 81): the
+// again, on the caller's CPU; docs/lab.md, Experiment 81): the
 // pre-pass (token_groups_fwd) into the lists, then the grouped launch and the launch of the other
 // groups' tokens (prefill_fwd with `grouped` true, then false), with no tail split. Every argument is
 // checked before the first launch.

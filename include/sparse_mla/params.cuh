@@ -56,7 +56,7 @@ struct PrefillParams {
   float* split_workspace;      // [items - split_begin, split_parts, PART_FLOATS] fp32 partial states
   int32_t* split_counters;     // [items - split_begin], zeroed by launch_prefill: parts of each item finished
 
-  // Token groups (sm90/prefill/token_groups.cuh), for h_q <= 32: query tokens G * k .. G * k + G - 1
+  // Token groups (sm90/prefill/token_groups/), for h_q <= 32: query tokens G * k .. G * k + G - 1
   // (G = group_size) form group k, whose union of valid slots prefill_kernel_token_groups lists once. A group
   // whose list has group_length[k] >= 0 entries runs in the grouped launch, one 64-row tile for all
   // its tokens; a group with group_length[k] < 0 (the union would not pay) runs its tokens one by one
@@ -64,15 +64,15 @@ struct PrefillParams {
   // appends each group to one of them), so that neither walks the other's. group_length == nullptr:
   // no groups.
   int group_size;                 // G, 2 .. MAX_GROUP (traits.cuh); 1 without groups
-  const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, those of every token first (token_groups.cuh)
+  const int32_t* group_indices;   // [ceil(s_q / G), G * TOPK]: the union's kv rows, those of every token first (token_groups/)
   // [ceil(s_q / G), group_mask_blocks(G * TOPK), G]: bit r of [k][b][t]: entry
-  // B_TOPK * b + r of group k's list is a slot of its token t (token_groups.cuh)
+  // B_TOPK * b + r of group k's list is a slot of its token t (token_groups/)
   const uint64_t* group_masks;
   const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1
-  const int32_t* group_units;     // [group_units_size(s_q, G)]: token_groups.cuh's two unit lists
+  const int32_t* group_units;     // [group_units_size(s_q, G)]: the pre-pass's two unit lists (token_groups/)
 };
 
-// The arguments of the pre-pass that builds the token groups' lists (token_groups.cuh).
+// The arguments of the pre-pass that builds the token groups' lists (token_groups/).
 struct TokenGroupParams {
   int s_q, s_kv;
   int group_size;                 // G, 2 .. MAX_GROUP

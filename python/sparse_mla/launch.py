@@ -4,7 +4,7 @@ Hopper check -> kernel key -> module (compiled on first use) -> token groups or 
 scratch workspace -> launch(es) on the caller's current CUDA stream. The arguments were validated by
 :mod:`sparse_mla.validate`; nothing here synchronizes the device.
 
-Token groups (``include/sparse_mla/sm90/prefill/token_groups.cuh``): with at most 32 heads, a 64-row
+Token groups (``include/sparse_mla/sm90/prefill/token_groups/``): with at most 32 heads, a 64-row
 tile of one token is mostly empty, and adjacent tokens of a real indexer select mostly the same kv rows.
 So G adjacent tokens (``group_size``) share one tile over the union of their selections, each row masked
 to its own token's slots: a pre-pass lists each group's union, then the grouped launch runs the groups
@@ -98,7 +98,7 @@ def split_plan(
     return items - tail, parts
 
 
-# Token groups (traits.cuh and token_groups.cuh): heads up to which the narrow tile and groups apply,
+# Token groups (traits.cuh and token_groups/plan.cuh): heads up to which the narrow tile and groups apply,
 # list entries per block of a group's masks, tokens per group at most (one owner bit each), slots per
 # group at most (the pre-pass's owner bytes in shared memory), and how many union entries per valid
 # slot of its tokens a group may have and still run grouped. A group weighs its list in the grouped

@@ -2,9 +2,10 @@
 
 What it models. The events of the producer warpgroup (produce_unit, producer.cuh) and of the two
 consumer warpgroups (run_consumer_mainloop, softmax_to_probs, merge_split_parts, store_outputs; or,
-with the narrow-head tile, run_narrow_mainloop, softmax_narrow, store_outputs_narrow: narrow.cuh), both
-in kernel.cuh's unit loops, for a sequence of work units on one CTA, each event named after the kernel
-statement it stands for: cp.async issue, commit and wait_group; mbarrier arrivals (plain, and the cp.async-tracking
+with the narrow-head tile, run_narrow_mainloop, softmax_narrow, store_outputs_narrow: tiles/narrow.cuh), both
+in the roles' unit loops (run_producer; kernel.cuh, or run_narrow_consumers), for a sequence of work units
+on one CTA, each event named after the kernel statement it stands for: cp.async issue, commit and
+wait_group; mbarrier arrivals (plain, and the cp.async-tracking
 cp_async_arrive_noinc) and parity waits; named barriers (bar.sync); wgmma issue, commit and
 wait_group; st.shared, ld.shared and ldmatrix; fence.proxy.async. From them, check() builds the
 happens-before graph:
@@ -74,7 +75,7 @@ class KernelOrder:
     proxy_fence: str
     probs_buffers: int  # P rotates through probs[pair % probs_buffers]
     # The consumers' tile: "wide" (consumer.cuh, epilogue.cuh, split.cuh: 64 heads) or "narrow"
-    # (narrow.cuh, h_q <= NARROW_HEADS, 32, 16 or 8 heads: the same pair loop, but the exact path exchanges per-warp head
+    # (tiles/narrow.cuh, h_q <= NARROW_HEADS, 32, 16 or 8 heads: the same pair loop, but the exact path exchanges per-warp head
     # maxima through head_max, alpha stays in registers, the epilogue reduces head_sum, head_max and
     # head_reference; whole items only, no split merge) or "grouped" (Tile::kGrouped: the wide tile's
     # order over a token group, the producer copying each tile row's valid bits (its token's mask from
@@ -82,7 +83,7 @@ class KernelOrder:
     # to the consumers in group_unit, a slot per unit parity, before its q_empty wait; the consumers
     # read it after waiting for q_full; no split merge).
     tile: str = "wide"
-    # The narrow tile's early release (narrow.cuh): a pair's V rows go into registers and the pair back
+    # The narrow tile's early release (tiles/narrow.cuh): a pair's V rows go into registers and the pair back
     # to the producer right after the pair's softmax; P.V of both blocks is one wgmma group, issued
     # after the next pair's Q.K^T, and the consumer retires the Q.K^T alone (wait_group 1) before the
     # next softmax.
@@ -98,7 +99,7 @@ class KernelOrder:
         assert self.probs_buffers in (2, 3), self.probs_buffers
         assert self.tile in ("wide", "narrow", "grouped"), self.tile
         assert not self.v_after_softmax or (self.tile == "narrow" and self.pv_wait_in_softmax
-                                            and self.proxy_fence in ("producer", "consumer")), "narrow.cuh's order only"
+                                            and self.proxy_fence in ("producer", "consumer")), "tiles/narrow.cuh's order only"
         assert self.producer_lookahead in (0, 1) and (self.producer_lookahead == 0 or self.proxy_fence == "producer")
 
 
@@ -109,12 +110,12 @@ F7E0947_ORDER = KernelOrder(pv_wait_in_softmax=False, proxy_fence="none", probs_
 # proxy fence, per pair; consumer.cuh and producer.cuh point here. The one definition: change it with
 # the kernel, in the same commit.
 KERNEL_ORDER = KernelOrder(pv_wait_in_softmax=True, proxy_fence="producer", probs_buffers=2)
-# The narrow-head tiles, of 32, 16 and 8 heads (kernel.cuh's narrow path, narrow.cuh: one order, NH a
+# The narrow-head tiles, of 32, 16 and 8 heads (kernel.cuh's narrow path, tiles/narrow.cuh: one order, NH a
 # template parameter), as they ship: the early release, the copies' landing arriving on kv_full and
-# q_full by itself (copies_arrive in traits.cuh) and each consumer's fence after its wait; narrow.cuh
+# q_full by itself (copies_arrive in pipeline.cuh) and each consumer's fence after its wait; tiles/narrow.cuh
 # points here. Change it with the kernel, in the same commit.
 NARROW_ORDER = replace(KERNEL_ORDER, tile="narrow", v_after_softmax=True, proxy_fence="consumer")
-# The grouped tile (token_groups.cuh) as it ships: KERNEL_ORDER with per-token valid bits.
+# The grouped tile (token_groups/) as it ships: KERNEL_ORDER with per-token valid bits.
 GROUPED_ORDER = replace(KERNEL_ORDER, tile="grouped")
 
 
@@ -235,7 +236,7 @@ def kernel_roles(order: KernelOrder, units) -> dict[str, list[Event]]:
             "consumer 1": consumer_events(order, units, 1)}
 
 
-# ---- The producer: kernel.cuh's unit loop and produce_unit (producer.cuh). ----
+# ---- The producer: run_producer's unit loop and produce_unit (producer.cuh). ----
 def producer_events(order, units):
     p = _Trace()
     pair_base = 0  # pairs of earlier units: stages and phases continue across units
@@ -295,7 +296,7 @@ def _issue_pair(p, order, unit_count, pair_base, pair):
 def _landed_then_arrive(pending, barriers):
     """The producer-side handoff: wait until `pending` groups are left in flight, fence for the async
     proxy, then arrive. On kv_full each thread's one arrival stands for both of the noinc order's (its
-    copies, and lane 0's valid bits: kv_full_arrivals in traits.cuh, 128 there, 128 + 4 where the copies
+    copies, and lane 0's valid bits: kv_full_arrivals in pipeline.cuh, 128 there, 128 + 4 where the copies
     arrive by themselves)."""
     return [cp_async_wait_group(pending), fence_proxy_async("fence_view_async_shared (copies landed)"),
             *(arrive(barrier, "mbarrier_arrive (after the copies landed)", 2 if barrier.startswith("kv") else 1)
@@ -312,7 +313,7 @@ def consumer_events(order, units, wg):
             c(mbarrier_wait("q_full", unit_count), ld_shared(f"group_unit[{unit_count % 2}]", "current_from_producer"))
         _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg)
         pair_base += unit.n_pairs
-        if order.tile == "narrow":  # kernel.cuh's NARROW loop: whole items, then store_outputs_narrow
+        if order.tile == "narrow":  # run_narrow_consumers: whole items, then store_outputs_narrow
             assert unit.split is None, "the narrow tile runs no split call (launch.cuh)"
             c.at(unit_count, unit.n_pairs, "epilogue")
             _store_outputs_narrow(c, wg)
@@ -328,7 +329,7 @@ def consumer_events(order, units, wg):
 
 
 def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
-    """run_consumer_mainloop (consumer.cuh), or run_narrow_mainloop (narrow.cuh) without the early
+    """run_consumer_mainloop (consumer.cuh), or run_narrow_mainloop (tiles/narrow.cuh) without the early
     release, its order step for step: issue_qk_narrow, issue_pv_narrow and softmax_narrow in place of
     issue_qk, issue_pv and softmax_to_probs, and the rescale reads alpha from registers (NarrowState),
     not ss.alpha."""
@@ -385,7 +386,7 @@ def _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg):
 
 
 def _run_narrow_mainloop(c, order, unit, unit_count, pair_base, wg):
-    """run_narrow_mainloop (narrow.cuh): each pair's V rows into registers and the pair released right
+    """run_narrow_mainloop (tiles/narrow.cuh): each pair's V rows into registers and the pair released right
     after its softmax (take_v); every pair but the last: Q.K^T(p + 1), P.V(p) of both blocks in one
     group, wait_group 1 (Q.K^T retired), softmax(p + 1), take_v(p + 1); then the last pair's P.V."""
     n_pairs = unit.n_pairs
@@ -471,7 +472,7 @@ def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
 
 
 def _softmax_narrow(c, order, exact, stage, buf, wg, acquire_next):
-    """softmax_narrow (narrow.cuh). The exact path: lanes g == 0 of each warp store the column maxima
+    """softmax_narrow (tiles/narrow.cuh). The exact path: lanes g == 0 of each warp store the column maxima
     of its heads into head_max[wg][warp]; after kRowMaxReady every thread reads all 8 warps' (both
     consumers', its own consumer's other warps' too). alpha stays in registers: no shared store."""
     probs = f"probs[{buf}][{wg}]"
@@ -513,7 +514,7 @@ def _store_outputs(c, wg):
 
 
 def _store_outputs_narrow(c, wg):
-    """store_outputs_narrow (narrow.cuh): lanes g == 0 of each warp store its heads' column sums and
+    """store_outputs_narrow (tiles/narrow.cuh): lanes g == 0 of each warp store its heads' column sums and
     maxima into head_sum[wg][warp] and head_max[wg][warp], those of consumer 0's warp 0 also the
     references; threads t < NH (consumer 0's warp 0, one head each) reduce the 8 warps' and write
     out_scale, which every thread reads for its heads."""
@@ -531,7 +532,7 @@ def _store_outputs_narrow(c, wg):
       ld_shared("out_scale", "store: the output scales", cross_thread=True))
 
 
-# Arrival events that complete one phase, per agent (traits.cuh): kv_full, the producer's arrival
+# Arrival events that complete one phase, per agent (pipeline.cuh): kv_full, the producer's arrival
 # for its copies (every thread) and its valid-bit arrival (lane 0 of each warp): kv_full_arrivals;
 # q_full, every producer thread once; kv_empty and q_empty, every consumer thread once.
 ARRIVALS_PER_PHASE = {

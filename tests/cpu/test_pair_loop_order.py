@@ -76,7 +76,7 @@ def test_the_narrow_order_has_no_unordered_access(units):
 @pytest.mark.parametrize("order", [LANDED_LOOKAHEAD, replace(LANDED_LOOKAHEAD, producer_lookahead=0)],
                          ids=["landed, one pair ahead", "landed"])
 def test_the_narrow_early_release_is_ordered_with_the_producer_side_fence_too(order, units):
-    """narrow.cuh's early release with the wide tile's handoff (each producer thread waits for its
+    """tiles/narrow.cuh's early release with the wide tile's handoff (each producer thread waits for its
     copies, fences and arrives), with and without issuing one pair ahead: the alternative measured in
     docs/lab.md, Experiment 57."""
     findings = check(kernel_roles(order, units))
@@ -123,7 +123,7 @@ def test_the_grouped_units_handoff_needs_its_two_slots():
 
 
 def test_the_narrow_tile_keeps_alpha_in_registers():
-    """narrow.cuh's rescale factors and references live in NarrowState: no alpha, no row statistics in
+    """tiles/narrow.cuh's rescale factors and references live in NarrowState: no alpha, no row statistics in
     shared memory; the exact path and the epilogue use head_max, head_sum and head_reference instead."""
     roles = kernel_roles(NARROW_ORDER, ALL_EXACT)
     targets = {e.target.split("[")[0] for events in roles.values() for e in events

@@ -1,6 +1,6 @@
 """The token groups' plan: how many adjacent tokens share a tile, and the switch that overrides it.
 
-The Python constants must be the kernel's (traits.cuh, token_groups.cuh): a group fills at most the
+The Python constants must be the kernel's (traits.cuh, token_groups/plan.cuh): a group fills at most the
 64-row tile, holds at most MAX_GROUP tokens (one owner bit each) and MAX_GROUP_SLOTS slots (the
 pre-pass's hash table in shared memory), and only calls of at most NARROW_HEADS heads have groups.
 """
@@ -31,7 +31,7 @@ def test_the_limits_are_the_kernels():
     assert launch.NARROW_16_HEADS == _constant("traits.cuh", "NARROW_16_HEADS")
     assert launch.NARROW_8_HEADS == _constant("traits.cuh", "NARROW_8_HEADS")
     assert launch._MAX_GROUP == _constant("traits.cuh", "MAX_GROUP")
-    assert launch._MAX_GROUP_SLOTS == _constant("token_groups.cuh", "MAX_GROUP_SLOTS")
+    assert launch._MAX_GROUP_SLOTS == _constant("token_groups/plan.cuh", "MAX_GROUP_SLOTS")
     assert launch.HEAD_BLOCK == _constant("traits.cuh", "B_H")
 
 

@@ -26,11 +26,11 @@ def describe(seed: int, **fields) -> str:
     return f"seed={seed} (SPARSE_MLA_TEST_SEED={seed} replays) " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-OWNER_MAP_BYTES = 196608  # token_groups.cuh's MAX_MAP_BYTES
+OWNER_MAP_BYTES = 196608  # token_groups/plan.cuh's MAX_MAP_BYTES
 
 
 def owner_map_rows(group: int, topk: int) -> int:
-    """kv rows per chunk of the pre-pass's owner map (token_groups.cuh's map_capacity) past the first
+    """kv rows per chunk of the pre-pass's owner map (token_groups/plan.cuh's map_capacity) past the first
     196,608, where a byte map never leaves an SM three CTAs: 2, 4 or 8 bits a row for groups of up to 2,
     4 or 8 tokens, and a byte at every group size past topk 2048. (With fewer kv rows there is one chunk,
     whatever the field's width.)"""

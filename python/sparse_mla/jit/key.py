@@ -14,7 +14,7 @@ SUPPORTED_ARCHS = ("sm90a",)
 
 # Names the module exports (see generated_source); the loader calls them by these names.
 ENTRY_FUNCTION = "prefill_fwd"
-TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass (sm90/prefill/token_groups.cuh)
+TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass (sm90/prefill/token_groups/)
 GROUPED_CALL_FUNCTION = "prefill_token_groups_fwd"  # a token-grouped call: the pre-pass and both launches
 KEY_FUNCTION = "kernel_key"
 

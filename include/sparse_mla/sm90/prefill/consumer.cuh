@@ -1,4 +1,5 @@
-// The consumer warpgroups: Q.K^T, online softmax and P.V for each pair of gathered blocks.
+// The consumer warpgroups of the 64-row tiles (tiles/wide.cuh, tiles/grouped.cuh): Q.K^T, online
+// softmax and P.V for each pair of gathered blocks.
 //
 // Per pair, consumer w (w = 0, 1):
 //   S_w  = Q . K_w^T           64 heads x 64 slots of block w, e4m3 wgmma (SS), fp32 accumulators
@@ -43,8 +44,13 @@
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/mma.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/swizzle.cuh>
+#include <sparse_mla/sm90/prefill/tiles/grouped.cuh>
+#include <sparse_mla/sm90/prefill/tiles/wide.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -63,7 +69,7 @@ __device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stag
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
     const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_64x64x32_ss(s, desc_sw64(dq + step), desc_sw64(dk + step), kk > 0);
+    wgmma_ss(s, desc_sw64(dq + step), desc_sw64(dk + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -93,43 +99,10 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) wgmma_64x64x32_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+    for (int i = 0; i < 4; ++i) wgmma_rs(o[i], a[ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
   }
   cute::warpgroup_commit_batch();
 }
-
-// Which of this thread's logits of a block have a valid slot: the wide tile's mask, one for all rows.
-struct BlockMask {
-  static constexpr bool kSharedByTokens = false;  // see RowMask
-  uint64_t valid;  // the block's valid bits, shifted so that bit 8j + e is slot 8j + 2c + e
-  // s[k]'s slot is valid (k = 4j + 2h + e).
-  __device__ __forceinline__ bool is_valid(int k) const { return ((valid >> (8 * (k / 4) + (k & 1))) & 1u) != 0; }
-};
-
-// The grouped tile's mask: rows h = 0, 1 of the thread belong to different tokens, each with its own
-// slots. Only the thread's 16 slots per row are kept, in one register (the pair loop has none to spare).
-struct RowMask {
-  // The block holds the union of several tokens' rows, and P.V multiplies every row of the tile with
-  // every gathered row: a NaN in a row's V would reach, through 0 x NaN, the tokens that did not
-  // select it. So the softmax tells the pair loop where a block may hold one (softmax_to_probs), and
-  // the pair loop clears V's NaNs in its registers there (clear_nans).
-  static constexpr bool kSharedByTokens = true;
-  uint32_t valid;  // bit 8 (j % 4) + 4 (j / 4) + 2h + e: slot 8j + 2c + e is valid for row h
-  __device__ __forceinline__ bool is_valid(int k) const {
-    const int j = k / 4;
-    return ((valid >> (8 * (j % 4) + 4 * (j / 4) + 2 * ((k >> 1) & 1) + (k & 1))) & 1u) != 0;
-  }
-
-  // From the valid bits of the block for each row's token (bit r: slot r).
-  __device__ __forceinline__ static RowMask of_rows(uint64_t row0, uint64_t row1, int c) {
-    const auto thread_bits = [c](uint64_t bits) {  // slot 8j + 2c + e at bit 8 (j % 4) + 4 (j / 4) + e
-      const uint32_t lo = (static_cast<uint32_t>(bits) >> (2 * c)) & 0x03030303u;
-      const uint32_t hi = (static_cast<uint32_t>(bits >> 32) >> (2 * c)) & 0x03030303u;
-      return lo | (hi << 4);
-    };
-    return {thread_bits(row0) | (thread_bits(row1) << 2)};
-  }
-};
 
 // This thread's logits of one block and what it needs to turn them into P.
 template <typename Mask>
@@ -188,37 +161,6 @@ struct BlockLogits {
   }
 };
 
-// V's NaN bytes (e4m3 S.1111.111) set to 0, in the A fragments of one block: adding 1 to a byte's low
-// 7 bits carries into its bit 7 exactly when they are all ones, and prmt's sign mode (selector 8 + i)
-// spreads bit 7 of byte i over the byte.
-__device__ __forceinline__ void clear_nans(uint32_t (&a)[2][4][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) a[ks][i][r] &= ~prmt((a[ks][i][r] & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u);
-    }
-  }
-}
-
-// The grouped tile's valid bits of this thread's two rows for consumer wg's block of stage `stage`, as
-// the producer copied them (one word per row's token). The pair loop loads them before it issues the
-// pair's Q.K^T and turns them into a RowMask after, so that the loads' latency passes behind the
-// wgmma issue: loaded after it, they waited behind the tensor cores' shared-memory reads (ncu: 3-4%
-// of a grouped launch's samples on the shifts that take them; at the softmax's start they delayed it
-// too, and the mask lived in spilled registers). frag_row(warp, g, 0) comes from the thread index
-// alone: through consumer_thread()'s warp shuffle, the loads would wait for the shuffle.
-struct RowValidWords {
-  uint64_t row0, row1;
-  __device__ __forceinline__ RowMask mask() const { return RowMask::of_rows(row0, row1, static_cast<int>(threadIdx.x) & 3); }
-};
-template <int D_QK>
-__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK>& ss, int stage, int wg) {
-  const int tid = static_cast<int>(threadIdx.x), row = ((tid >> 1) & 0x30) | ((tid >> 2) & 7);
-  return {ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8]};
-}
-
 // Online softmax of one pair: logits s and valid bits of this consumer's block of the pair (stage
 // `stage` of the ring; in a token group, row_mask: each row's token's) -> P in probs[buf][wg], running
 // statistics in st. Returns whether O must be rescaled (by alpha[wg]) before the pair's P.V.
@@ -228,14 +170,14 @@ __device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D
 // the exact path exchanges the maxima, moves the references and writes P again.
 // (`wg` is the caller's: recomputed here, the valid bits' load would wait for its shuffle. The rest
 // comes from the thread index without consumer_thread()'s shuffles, whose latency the first P
-// addresses waited for: 1-2% of a call at every tile. Passed from the pair loop instead, it is
+// addresses waited for, at every tile. Passed from the pair loop instead, it is
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
                                                  int buf, float scale_log2, ConsumerState& st, RowMask row_mask,
                                                  bool& v_nan) {
   const ConsumerThread thread = consumer_thread_of_index();
-  if constexpr (TILE == Tile::kGrouped) {
+  if constexpr (TileTraits<TILE>::kGroups) {
     return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st,
                             v_nan);
   } else {
@@ -356,15 +298,14 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   RowMask row_mask{};  // the grouped tile's, of the pair whose softmax comes next
   bool v_nan = false;  // the grouped tile's: V of the pair whose P.V comes next may hold a NaN
   [[maybe_unused]] RowValidWords row_words{};
-  if constexpr (TILE == Tile::kGrouped) row_words = grouped_row_words(ss, first.index, wg);
+  if constexpr (TileTraits<TILE>::kGroups) row_words = grouped_row_words(ss, first.index, wg);
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
-  if constexpr (TILE == Tile::kGrouped) row_mask = row_words.mask();
+  if constexpr (TileTraits<TILE>::kGroups) row_mask = row_words.mask();
   cute::warpgroup_wait<0>();
   fence_operands(s);
   // Q is released as soon as the unit's last Q.K^T is retired (here, or in the loop after block 0's
   // P.V), half a pair before the last pair's P.V begins, so that the producer loads the next unit's
-  // Q earlier: 0.2-1.3% off grouped calls at 16-32 heads, 0.5-3% off the wide tile's
-  // (benchmarks/notes/2026-12-03.md, Experiment 99, and 2026-12-06.md, Experiment 124).
+  // Q earlier (docs/lab.md, Experiments 99 and 124).
   if (n_pairs == 1) mbarrier_arrive(&ss.q_empty);
   bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask, v_nan);
 
@@ -389,9 +330,9 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     // The next pair's Q.K^T first: the tensor cores run it while V of block 0 is loaded.
     if (has_next) {
       mbarrier_wait(&ss.kv_full[stage.next().index][wg], stage.next().phase);
-      if constexpr (TILE == Tile::kGrouped) row_words = grouped_row_words(ss, stage.next().index, wg);
+      if constexpr (TileTraits<TILE>::kGroups) row_words = grouped_row_words(ss, stage.next().index, wg);
       if (!ONE_BLOCK || wg == 0) issue_qk(ss, stage.next().index, wg, s);
-      if constexpr (TILE == Tile::kGrouped) row_mask = row_words.mask();
+      if constexpr (TileTraits<TILE>::kGroups) row_mask = row_words.mask();
     }
     // The other block's rows were waited for by the other consumer; wait too (it has completed), so
     // that this thread's ldmatrix reads are ordered after the copies.
@@ -399,7 +340,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
-      if constexpr (TILE == Tile::kGrouped) {
+      if constexpr (TileTraits<TILE>::kGroups) {
         if (v_nan) clear_nans(a);
       }
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
@@ -416,7 +357,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     } else {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
-      if constexpr (TILE == Tile::kGrouped) {
+      if constexpr (TileTraits<TILE>::kGroups) {
         if (v_nan) clear_nans(a);
       }
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above

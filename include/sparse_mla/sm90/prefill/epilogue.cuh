@@ -1,4 +1,5 @@
-// The consumers' epilogue: full row sums, max_logits and lse, and the bf16 output.
+// The consumers' epilogue of the 64-row tiles (tiles/wide.cuh, tiles/grouped.cuh): full row sums,
+// max_logits and lse, and the bf16 output.
 //
 // Row sums and maxima are split between the consumers (each summed its own blocks' P) and across
 // the 4 threads of a row; consumer 0 turns them into the statistics and the per-head output scale,
@@ -12,8 +13,10 @@
 #include <cuda_bf16.h>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/finalize.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/tiles/grouped.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -21,7 +24,6 @@ namespace sparse_mla::sm90::prefill {
 template <int D_QK, Tile TILE>
 __device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
-  constexpr float LN2 = 0.6931471805599453f;
   const ConsumerThread thread = consumer_thread();  // named fields: the store lambda below captures c
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
 
@@ -42,31 +44,14 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = frag_row(warp, g, h);
-      const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, row);
+      const int2 token_head = TileTraits<TILE>::row_token_head(params, q_row, head_begin, row);
       const int token = token_head.x, head = token_head.y;
       const float sum = ss.row_sum[0][row] + ss.row_sum[1][row];
       const float row_max = max_nan(ss.row_max[0][row], ss.row_max[1][row]);
-      float scale = 0.f, lse = INFINITY, mx = -INFINITY;  // a row with no valid slot
-      if (st.reference[h] == -INFINITY && isnan(row_max)) {
-        scale = lse = mx = NAN;  // valid slots whose logits are all NaN: NaN, as out, lse and max_logits of any NaN row
-      } else if (st.reference[h] != -INFINITY) {
-        // Approximate intrinsics (a few ulps; sum lies in [2^-1/4, 2^8.25 * topk], the max logit's P
-        // being at least 2^-1/4): no slow-path calls. A NaN logit makes sum, and so all three, NaN.
-        lse = (st.reference[h] + __log2f(sum)) * LN2;
-        mx = row_max * LN2;
-        scale = __fdividef(kv_scale, sum);
-        // A sink of +inf gives 1 / inf = 0: the row's output is zero.
-        if (params.attn_sink != nullptr && row < num_heads) {
-          scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
-        }
-      }
+      const RowOutputs r = finalize_row(params, st.reference[h], sum, row_max, kv_scale, head, row < num_heads);
       if (c == 0) {
-        ss.out_scale[row] = scale;
-        if (row < num_heads) {
-          params.max_logits[static_cast<int64_t>(token) * params.max_logits_stride_s +
-                            static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
-          params.lse[static_cast<int64_t>(token) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
-        }
+        ss.out_scale[row] = r.scale;
+        if (row < num_heads) store_row_outputs(params, token, head, r);
       }
     }
   }
@@ -113,7 +98,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   // A token group's row r (head r % h_q of token q_row + r / h_q, head_begin 0) lies r * out_stride_h
   // past its first token's row where out_stride_s == h_q * out_stride_h (a [s_q, h_q, d_v] output):
   // there it is stored as the wide tile stores head r. Other strides find each row's token.
-  if constexpr (TILE == Tile::kGrouped) {
+  if constexpr (TileTraits<TILE>::kGroups) {
     if (params.out_stride_s != static_cast<int64_t>(params.h_q) * params.out_stride_h) {
       if (aligned) store(std::true_type{}, std::true_type{}); else store(std::false_type{}, std::true_type{});
       return;

@@ -14,11 +14,14 @@
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
 #include <sparse_mla/sm90/prefill/epilogue.cuh>
-#include <sparse_mla/sm90/prefill/narrow.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/producer.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
 #include <sparse_mla/sm90/prefill/split.cuh>
+#include <sparse_mla/sm90/prefill/tiles/grouped.cuh>
+#include <sparse_mla/sm90/prefill/tiles/narrow.cuh>
+#include <sparse_mla/sm90/prefill/tiles/wide.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -36,8 +39,9 @@ __device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
 }
 
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
-// TILE (traits.cuh): the wide tile; the narrow ones for h_q <= NARROW_HEADS (and <= 16), launched
-// without a tail split; the grouped one over token groups (token_groups.cuh), also without.
+// TILE (traits.cuh, its policy TileTraits in tiles/): the wide tile; the narrow ones for h_q <=
+// NARROW_HEADS (and <= 16), launched without a tail split; the grouped one over token groups, also
+// without.
 template <int D_QK, int TOPK, Tile TILE>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -51,7 +55,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
 
   // The grouped launch reads the pre-pass's lists: it waits for that grid (launch.cuh), then lets the
   // launch behind it start on the SMs its CTAs leave.
-  if constexpr (TILE == Tile::kGrouped) {
+  using Traits = TileTraits<TILE>;
+  if constexpr (Traits::kGroups) {
     wait_for_grid_ahead();
     allow_dependent_grid();
   }
@@ -75,34 +80,20 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   // The roles' unit loops, side by side: the same units in the same order (scheduler.cuh).
   if (threadIdx.x >= NUM_CONSUMER_THREADS) {
     cutlass::arch::warpgroup_reg_dealloc<PRODUCER_REGS>();
-    const ProducerThread pt = producer_thread();
-    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    for (; scheduler.has_work(); scheduler.advance()) {
-      const WorkUnit w = scheduler.current();
-      produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
-    }
-    if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
+    run_producer<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
     const float scale_log2 = logit_scale_log2(params);
-    WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
-    if constexpr (is_narrow<TILE>()) {  // whole items only: the launch runs a split call with the wide tile
-      for (; scheduler.has_work(); scheduler.advance()) {
-        const WorkUnit w = scheduler.current();
-        NarrowState<narrow_heads<TILE>()> st;
-        run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
-        store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
-      }
+    if constexpr (Traits::kNarrow) {
+      run_narrow_consumers<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units, scale_log2);
     } else {
+      WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
       // The unit's pairs, then (a split part) the merge, which leaves the outputs to the item's last
       // part, then the outputs. Written out here: as one consume_unit function, the loop compiles to
       // different code at topk 1 and 64.
       for (; scheduler.has_work(); scheduler.advance()) {
         WorkUnit w;
-        if constexpr (TILE == Tile::kGrouped) {
+        if constexpr (Traits::kGroups) {
           // The unit from the producer (scheduler.cuh), written before its q_full arrival: the
           // mainloop's first wait, early.
           mbarrier_wait(&ss.q_full, QStage(scheduler.unit_count()).phase);
@@ -120,7 +111,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   // A token-grouped call's launch of the tokens that run one by one starts beside the grouped launch:
   // it finishes after it, so that the call's outputs are all written when the caller's next kernel
   // starts. (In a split call the grid ahead is the counters' zeroing, long done.)
-  if constexpr (TILE != Tile::kGrouped) wait_for_grid_ahead();
+  if constexpr (!Traits::kGroups) wait_for_grid_ahead();
 #endif
 }
 

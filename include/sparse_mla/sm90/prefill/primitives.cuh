@@ -2,15 +2,14 @@
 // fences, setmaxnreg and the mbarrier operations; this file adds what they lack: a compiler memory
 // fence after mbarrier waits (CUTLASS's wait asm has no "memory" clobber, so plain shared loads could
 // be hoisted above it), ldmatrix.trans, 32-bit-address shared stores, the 16-byte zero-filling cp.async with an L2 prefetch hint,
-// named barriers with an OR reduction, and the 64-byte-swizzle wgmma descriptor.
+// and named barriers with an OR reduction. The wgmma atoms are mma.cuh's, the swizzle and its
+// descriptors swizzle.cuh's.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -98,8 +97,8 @@ __device__ __forceinline__ void mbarrier_arrive(const uint64_t* bar) {
 // 16 bytes global -> shared; an invalid source is zero-filled and never read. The hint lets L2 fetch
 // the 128-byte block around the chunk: a gathered row of 576 bytes spans five such blocks (640
 // bytes) but three of 256 bytes (768). Where kv does not fit L2 the narrow tiles gather at DRAM's
-// pace, and with L2::256B they ran 3-7% slower; the wide tile the same within noise (Experiment 69
-// of benchmarks/notes/2026-12-02.md).
+// pace, and the wider hint's extra bytes slow them; the wide tile is indifferent (docs/lab.md,
+// Experiment 69).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_size = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
@@ -200,58 +199,6 @@ __device__ __forceinline__ uint32_t to_e4m3x2(float lo, float hi) {
   uint16_t r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;\n" : "=h"(r) : "f"(lo), "f"(hi));
   return r;
-}
-
-// wgmma shared-memory descriptor of a K-major 64-byte-swizzled tile, from cute::GmmaDescriptor's
-// fields: the leading byte offset (unused for swizzled K-major: 1 by convention), the stride byte
-// offset (from one 8-row group to the next: 8 rows x 64 B), base offset 0 (tiles are 1024-byte
-// aligned, so each starts a 512-byte swizzle repeat), the 64-byte swizzle mode, and start address 0
-// (desc_sw64_lo adds it).
-// The compiler folds them into two constants; no static_assert can check those, as a constant
-// expression may not read the union's desc_ after writing its bit fields.
-__device__ __forceinline__ cute::GmmaDescriptor gmma_desc_sw64_fields() {
-  cute::GmmaDescriptor desc;
-  desc.bitfield.leading_byte_offset_ = 1;
-  desc.bitfield.stride_byte_offset_ = (8 * 64) >> 4;
-  desc.bitfield.base_offset_ = 0;
-  desc.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B64);
-  return desc;
-}
-
-// The descriptor in two halves. The low half holds the start address (bits 0-13, in 16-byte units)
-// and the leading byte offset; the high half, the same for every tile, the stride byte offset and
-// the swizzle mode. Stepping through a tile adds to the low half only: start addresses stay below
-// 2^14 units (228 KB), so the add never carries out of its field.
-__device__ __forceinline__ uint32_t desc_sw64_lo(uint32_t addr) {
-  return ((addr & 0x3FFFF) >> 4) | gmma_desc_sw64_fields().reg32_[0];
-}
-__device__ __forceinline__ uint64_t desc_sw64(uint32_t lo) {
-  return (static_cast<uint64_t>(gmma_desc_sw64_fields().reg32_[1]) << 32) | lo;
-}
-
-#define SPARSE_MLA_ACC32(d)                                                                          \
-  d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], \
-      d[16], d[17], d[18], d[19], d[20], d[21], d[22], d[23], d[24], d[25], d[26], d[27], d[28], d[29], \
-      d[30], d[31]
-
-// D[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T, e4m3 operands from shared memory, fp32 accumulators.
-__device__ __forceinline__ void wgmma_64x64x32_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, SPARSE_MLA_ACC32(d),
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-
-// D[64 x 64] += A[64 x 32] . B[64 x 32]^T, A (e4m3) from registers in the wgmma fragment layout.
-__device__ __forceinline__ void wgmma_64x64x32_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, SPARSE_MLA_ACC32(d));
-}
-
-#undef SPARSE_MLA_ACC32
-
-template <int N>
-__device__ __forceinline__ void fence_operands(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
 }
 
 }  // namespace sparse_mla::sm90::prefill

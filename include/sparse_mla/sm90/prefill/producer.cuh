@@ -1,4 +1,4 @@
-// The producer warpgroup: for each work unit of the CTA (its unit loop is kernel.cuh's), produce_unit
+// The producer warpgroup: for each work unit of the CTA (its unit loop is run_producer's), produce_unit
 // loads the unit's Q tile, then gathers the KV rows of every pair of blocks into a stage, NUM_STAGES
 // pairs ahead of the consumers at most.
 //
@@ -13,18 +13,20 @@
 // and only then arrives on q_full / kv_full (a plain release; the consumers acquire it by waiting).
 // Per pair, both blocks are issued before the first wait: block 0 (and, on a unit's first pair, Q)
 // arrives once its group has landed while block 1's copies are still in flight, block 1 at the end of
-// the pair. Waiting for each block before issuing the next cost 1-2% (5% at s_kv 128K): block 1's
-// refill then started only when block 0's copies had landed. Deferring block 1 to the next pair
+// the pair. Waiting for each block before issuing the next is slower, most at long s_kv: block 1's
+// refill then starts only when block 0's copies have landed. Deferring block 1 to the next pair
 // would deadlock: consumer 1 issues Q.K^T on it before releasing the block that pair waits for.
 // With the narrow tile the copies' landing arrives instead (copies_arrive, traits.cuh): the producer
-// waits only for free stages, and each consumer fences after its wait (narrow.cuh).
+// waits only for free stages, and each consumer fences after its wait (tiles/narrow.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/swizzle.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
@@ -75,7 +77,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   // before they arrived on that unit's q_empty, which this thread waited for before its previous
   // unit's Q; released by this thread's q_full arrival. (One slot, written after the q_empty wait
   // below, made the producer spill 72 bytes.)
-  if constexpr (TILE == Tile::kGrouped) {
+  if constexpr (TileTraits<TILE>::kGroups) {
     if (lane == 0 && warp == 0) ss.group_unit[unit_count % 2] = make_int2(w.item, w.n_pairs);
   }
   // Q: rows past h_q are zero. Loaded once the consumers' last Q.K^T of the previous unit is done.
@@ -88,8 +90,8 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       const bool valid = rows[k] < num_heads;
       const uint8_t* src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(q_row) * params.q_stride_s +
                            (valid ? static_cast<int64_t>(head_begin + rows[k]) * params.q_stride_h : 0) + chunk * 16;
-      if constexpr (TILE == Tile::kGrouped) {  // row r: head r % h_q of token q_row + r / h_q
-        const int2 token_head = row_token_head<TILE>(params, q_row, head_begin, valid ? rows[k] : 0);
+      if constexpr (TileTraits<TILE>::kGroups) {  // row r: head r % h_q of token q_row + r / h_q
+        const int2 token_head = TileTraits<TILE>::row_token_head(params, q_row, head_begin, valid ? rows[k] : 0);
         src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
               static_cast<int64_t>(token_head.y) * params.q_stride_h + chunk * 16;
       }
@@ -106,11 +108,11 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
     }
   }
 
-  constexpr bool GROUPED = TILE == Tile::kGrouped;
+  constexpr bool GROUPED = TileTraits<TILE>::kGroups;
   const int64_t list = GROUPED ? static_cast<int64_t>(w.item) * params.group_size * TOPK : static_cast<int64_t>(q_row) * TOPK;
   const int32_t* slot_indices = (GROUPED ? params.group_indices : params.indices) + list + w.slot_begin;
   auto load_index = [&](int slot) { return slot < n_slots ? __ldg(slot_indices + slot) : -1; };
-  // A token group's masks (token_groups.cuh): thread r < B_H copies, with each block's rows, the mask
+  // A token group's masks (token_groups/): thread r < B_H copies, with each block's rows, the mask
   // of tile row r's token into row_valid[..][r] (a group's unit starts at its list's first entry).
   const int group_size = params.group_size, mask_row = 32 * warp + lane;
   const bool copies_mask = GROUPED && mask_row < B_H;
@@ -183,6 +185,22 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 #pragma unroll
       for (int k = 0; k < 2; ++k) index[b][k] = next[b][k];
     }
+  }
+}
+
+// The producer warpgroup's role: produce_unit for each of the CTA's work units.
+template <int D_QK, int TOPK, Tile TILE>
+__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+                                             int n_units) {
+  const ProducerThread pt = producer_thread();
+  WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
+  for (; scheduler.has_work(); scheduler.advance()) {
+    const WorkUnit w = scheduler.current();
+    produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+  }
+  if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
+    cp_async_commit();
+    cp_async_wait<0>();
   }
 }
 

@@ -1,40 +1,19 @@
-// The work-unit sequence of a CTA and the pipeline cursors of its rings of buffers.
+// The work-unit sequence of a CTA.
 //
 // The producer and the consumers never exchange which unit or which stage comes next: each role
-// iterates its own WorkScheduler (kernel.cuh's two unit loops), which walks this CTA's units in one
-// order (work_unit) and counts the units and pairs before the current one, and both roles derive
-// each mbarrier's stage and parity from those counts through the same cursor (PipelineState).
+// iterates its own WorkScheduler (run_producer's unit loop, the consumers' in kernel.cuh or
+// run_narrow_consumers), which walks this CTA's units in one order (work_unit) and counts the units
+// and pairs before the current one, and both roles derive each mbarrier's stage and parity from those
+// counts through the same cursor (PipelineState, pipeline.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
-
-// A position in a ring of STAGES buffers that mbarriers hand between the roles (CUTLASS's
-// PipelineState): the buffer `index` to use and the parity `phase` of its mbarrier phase to wait for,
-// both derived from the count of the CTA's earlier uses of the ring, across work units. A cursor is
-// made from the count where it is used rather than stepped by an advance: where the index and the
-// phase are computed shapes the pair loops' SASS, and this keeps them where the kernel computed them
-// before the cursor existed (the stepped form compiles to a different schedule).
-template <int STAGES>
-struct PipelineState {
-  int count;       // uses of the ring by this CTA before this one
-  int index;       // the buffer
-  uint32_t phase;  // parity of the phase that fills the buffer this time (kv_full, q_full)
-
-  __device__ __forceinline__ explicit PipelineState(int count)
-      : count(count), index(count % STAGES), phase((count / STAGES) & 1) {}
-  // The buffer was used before: its refill waits for the release of that use (kv_empty, q_empty), at
-  // parity empty_phase().
-  __device__ __forceinline__ bool reused() const { return count >= STAGES; }
-  __device__ __forceinline__ uint32_t empty_phase() const { return ((count / STAGES) - 1) & 1; }
-  __device__ __forceinline__ PipelineState next() const { return PipelineState(count + 1); }
-};
-using QStage = PipelineState<1>;            // the Q tile: one buffer, q_full and q_empty
-using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks each: kv_full, kv_empty
 
 // A work item is a query token and a block of up to B_H of its heads; a work unit is what a CTA
 // takes at a time: unit u is item u, except in the tail split (split.cuh), where each item from
@@ -43,7 +22,7 @@ using KvStage = PipelineState<NUM_STAGES>;  // the KV stages, one pair of blocks
 // gathers the next unit's Q and first blocks while the consumers finish the current one (no CTA
 // launch or pipeline fill between units). Both head blocks of a token are neighbouring items: they
 // run at the same time on neighbouring CTAs and gather the same rows, the second from L2.
-// With the grouped tile (Tile::kGrouped) an item is a token group: q_row is its first token, num_heads
+// With the grouped tile (tiles/grouped.cuh) an item is a token group: q_row is its first token, num_heads
 // the tile rows that exist (h_q per token of the group), and the slots are the entries of its list.
 // In a token-grouped call each launch's unit u is entry u of its own list (group_units, traits.cuh):
 // the grouped launch's u-th group, the narrow launch's u-th token of the groups that run token by token.
@@ -70,29 +49,6 @@ __host__ __device__ __forceinline__ int64_t num_work_units(const PrefillParams& 
   return params.split_begin + (items - params.split_begin) * params.split_parts;
 }
 
-// Tile row `row` holds head head_begin + row of token q_row; in a token group (Tile::kGrouped, q_row its
-// first token, head_begin 0), head row % h_q of token q_row + row / h_q. Rows from num_heads on do not exist
-// (zero in Q, never stored).
-template <Tile TILE>
-__device__ __forceinline__ int2 row_token_head(const PrefillParams& params, int q_row, int head_begin, int row) {
-  if constexpr (TILE == Tile::kGrouped) return make_int2(q_row + row / params.h_q, row % params.h_q);
-  return make_int2(q_row, head_begin + row);
-}
-
-// row_token_head of a token group without a division per row: row / h_q is (row * inverse) >> 16 with
-// inverse = floor(65535 / h_q) + 1 (2^16 / h_q where h_q is a power of two, its ceiling otherwise),
-// exact while row * h_q < 2^16 (rows < B_H, h_q <= NARROW_HEADS). The epilogue maps 16 rows a thread
-// per unit, a division each: 1.7-4% of a grouped call (benchmarks/notes/2026-12-05.md, Experiment
-// 101). The producer's two rows a unit keep row_token_head: with this form its 40 registers spilled.
-struct GroupRows {
-  int h_q, inverse;
-  __device__ __forceinline__ explicit GroupRows(int h_q) : h_q(h_q), inverse(65535 / h_q + 1) {}
-  __device__ __forceinline__ int2 token_head(int q_row, int row) const {
-    const int token = (row * inverse) >> 16;
-    return make_int2(q_row + token, row - token * h_q);
-  }
-};
-
 // Token groups of the call (at most the grouped launch's work units).
 __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& params) {
   return num_groups_of(params.s_q, params.group_size);
@@ -104,7 +60,7 @@ __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& pa
 template <Tile TILE>
 __device__ __forceinline__ int num_launch_units(const PrefillParams& params) {
   if (params.group_units != nullptr) {
-    constexpr bool GROUPED = TILE == Tile::kGrouped;
+    constexpr bool GROUPED = TileTraits<TILE>::kGroups;
     const uint32_t room = GROUPED ? num_token_groups(params) : params.s_q;
     return static_cast<int>(min(static_cast<uint32_t>(__ldg(params.group_units + (GROUPED ? 0 : 1))), room));
   }
@@ -136,10 +92,10 @@ __device__ __forceinline__ WorkUnit group_unit(int unit, const PrefillParams& pa
 // The split's runtime divisions (on the path between two units) run for split units only.
 template <int TOPK, Tile TILE>
 __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
-  if constexpr (TILE == Tile::kGrouped) return group_unit(unit, params);
+  if constexpr (TileTraits<TILE>::kGroups) return group_unit(unit, params);
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
   // A token-grouped call's narrow launch: the unit-th token of its list (h_q <= 32: one item a token).
-  int item = is_narrow<TILE>() && params.group_units != nullptr
+  int item = TileTraits<TILE>::kNarrow && params.group_units != nullptr
                  ? __ldg(params.group_units + narrow_units_begin(params.s_q, params.group_size) + unit)
                  : unit;
   int part = 0, pair_begin = 0, pair_end = ITEM_PAIRS;
@@ -191,7 +147,7 @@ class WorkScheduler {
     pair_end_ = pair_base_ + w.n_pairs;
     return w;
   }
-  __device__ __forceinline__ bool is_split_part() const { return TILE == Tile::kWide && unit_ >= params_.split_begin; }
+  __device__ __forceinline__ bool is_split_part() const { return TileTraits<TILE>::kSplits && unit_ >= params_.split_begin; }
   __device__ __forceinline__ int unit_count() const { return unit_count_; }
   __device__ __forceinline__ int pair_base() const { return pair_base_; }
   __device__ __forceinline__ void advance() {

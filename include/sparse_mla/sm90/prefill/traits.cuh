@@ -12,17 +12,15 @@
 
 #include <cstdint>
 
-#include <cute/swizzle.hpp>
-
 #include <sparse_mla/params.cuh>
 
 namespace sparse_mla::sm90::prefill {
 
 constexpr int B_H = 64;          // heads per CTA: the M of Q.K^T and the N of P.V
-constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (narrow.cuh)
+constexpr int NARROW_HEADS = 32; // h_q up to this runs a narrow-head tile (tiles/narrow.cuh)
 constexpr int NARROW_16_HEADS = 16;  // and up to this, the one of 16 heads
 constexpr int NARROW_8_HEADS = 8;    // and up to this, the one of 8 heads
-constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups.cuh): one owner bit each
+constexpr int MAX_GROUP = 8;     // query tokens per token group at most (token_groups/): one owner bit each
 constexpr int B_TOPK = 64;       // KV rows per block; a consumer takes one block of each pair
 constexpr int NUM_STAGES = 2;    // pairs of gathered blocks in flight
 constexpr int NUM_CONSUMER_THREADS = 256;  // WG0 and WG1
@@ -31,31 +29,31 @@ constexpr int NUM_THREADS = NUM_CONSUMER_THREADS + NUM_PRODUCER_THREADS;
 constexpr int CONSUMER_D_V = D_V / 2;      // output columns of each consumer's O^T
 // The consumers' tile, one kernel instantiation each (kernel.cuh).
 enum class Tile {
-  kWide,     // 64 heads of one query token (consumer.cuh)
-  kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (narrow.cuh)
-  kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t, over the union of
-             // the tokens' selections, each row masked to its own token's slots (token_groups.cuh)
+  kWide,     // 64 heads of one query token (tiles/wide.cuh)
+  kNarrow,   // up to NARROW_HEADS heads of one token, logits transposed (tiles/narrow.cuh)
+  kGrouped,  // a token group: rows t * h_q + h hold head h of the group's token t (tiles/grouped.cuh)
   kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
   kNarrow8,  // kNarrow with 8 heads, for h_q <= 8
 };
-// The narrow tiles' heads (the N of their Q.K^T and P.V); 0 for the 64-row tiles.
+// A tile's policy, specialized in its file under tiles/: what the shared roles (producer, pair loops,
+// epilogue, scheduler, kernel) ask of the tile, instead of which tile it is.
+//   kHeads          the tile's heads of one token: B_H, or a narrow tile's N of Q.K^T and P.V
+//   kNarrow         the consumers run the transposed pair loop and epilogue of tiles/narrow.cuh, and the
+//                   launch of a token-grouped call's single tokens (scheduler.cuh, work_unit)
+//   kGroups         a work item is a token group, each tile row masked to its token's slots
+//   kSplits         the tile runs the tail split (split.cuh)
+//   kCopiesArrive   how the producer hands a block over (copies_arrive, pipeline.cuh)
+//   row_token_head  the query token and head of a tile row
 template <Tile TILE>
-constexpr int narrow_heads() {
-  return TILE == Tile::kNarrow     ? NARROW_HEADS
-         : TILE == Tile::kNarrow16 ? NARROW_16_HEADS
-         : TILE == Tile::kNarrow8  ? NARROW_8_HEADS
-                                   : 0;
-}
-template <Tile TILE>
-constexpr bool is_narrow() { return narrow_heads<TILE>() > 0; }
+struct TileTraits;
 
-// A token group's masks (token_groups.cuh writes them, the grouped tile's producer copies them): per
+// A token group's masks (the pre-pass, token_groups/, writes them, the grouped tile's producer copies them): per
 // block of B_TOPK entries of the group's list, for every block a pair can read (group_mask_blocks of a
 // list of `slots` entries), one 64-bit word per token t of the group (bit r: entry r of the block is
 // a slot of token t).
 __host__ __device__ constexpr int group_mask_blocks(int slots) { return (slots + 2 * B_TOPK - 1) / (2 * B_TOPK) * 2; }
 
-// The token groups' unit lists (token_groups.cuh appends, the two launches read): [0] the groups of
+// The token groups' unit lists (the pre-pass, token_groups/, appends, the two launches read): [0] the groups of
 // the grouped launch, [1] the tokens of the other launch, then the grouped launch's groups from
 // GROUPED_UNITS (at most ceil(s_q / G)), then the other launch's tokens (at most s_q).
 constexpr int GROUPED_UNITS = 2;
@@ -76,7 +74,7 @@ __host__ __device__ constexpr int64_t group_units_size(int64_t s_q, int64_t grou
 // gathered nor multiplied: consumer 1 only takes part in the softmax's barriers, with P = 0. Not in a
 // token group, whose list holds up to MAX_GROUP * TOPK slots.
 template <int TOPK, Tile TILE>
-constexpr bool one_block_tile() { return TOPK <= B_TOPK && TILE != Tile::kGrouped; }
+constexpr bool one_block_tile() { return TOPK <= B_TOPK && !TileTraits<TILE>::kGroups; }
 // setmaxnreg budgets: 2 x 232 + 40 = 504 = 3 x 168, the registers the CTA is launched with
 // (__launch_bounds__(384, 1) caps a thread at 168); setmaxnreg.inc waits forever if the producer
 // did not free what the consumers take.
@@ -141,27 +139,6 @@ struct SharedStorage {
                        // to the consumers (producer.cuh, before its q_full arrival)
 };
 
-// How the producer hands a block over (producer.cuh). The wide and grouped tiles: each producer thread
-// waits for its copies to land, fences them for the async proxy and arrives. The narrow tiles: the
-// copies' landing arrives by itself (cp.async.mbarrier.arrive.noinc), lane 0 of each warp arrives
-// once more after writing the valid bits, and each consumer fences after its wait; so the producer
-// never waits for a copy, and with the narrow consumers' early release (narrow.cuh) two pairs' copies
-// are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
-// cost 1.4-2% (benchmarks/notes/2026-12-01.md, Experiment 35), and they release a pair only after the
-// next one arrived, so one pair is in flight either way.
-template <Tile TILE>
-constexpr bool copies_arrive() { return is_narrow<TILE>(); }
-// Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
-// fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
-// each producer warp after its valid bits (otherwise its one arrival comes after them).
-template <Tile TILE>
-constexpr int kv_full_arrivals() { return NUM_PRODUCER_THREADS + (copies_arrive<TILE>() ? NUM_PRODUCER_THREADS / 32 : 0); }
-constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
-// Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
-// reads are released to the producer (an arrival by one lane would release only that lane's).
-constexpr int KV_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
-constexpr int Q_EMPTY_ARRIVALS = NUM_CONSUMER_THREADS;
-
 // Accumulators and softmax state a consumer thread carries from its pair loop (consumer.cuh) to the
 // tail split's merge (split.cuh) and the epilogue (epilogue.cuh).
 struct ConsumerState {
@@ -187,26 +164,5 @@ constexpr int shared_storage_bytes() {
 }
 constexpr int SHARED_MEMORY_PER_BLOCK = 232448;  // SM90's opt-in limit of dynamic shared memory, 227 KB
 static_assert(sizeof(SharedStorage<576>) <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
-
-// The 64-byte swizzle (SharedStorage above), its one definition: inside a 64-byte column block, the
-// 16-byte chunk index of row `row` is XORed with sw64_xor(row).
-__host__ __device__ constexpr int sw64_xor(int row) { return (row >> 1) & 3; }
-
-// Byte offset of 16-byte chunk `chunk` (of the row's D / 16) of row `row` in a swizzled tile of `rows` rows.
-__host__ __device__ __forceinline__ constexpr uint32_t swizzled_offset(int row, int chunk, int rows) {
-  return static_cast<uint32_t>((chunk >> 2) * (rows * 64) + row * 64 + (((chunk & 3) ^ sw64_xor(row)) << 4));
-}
-
-// Inside a column block it is CuTe's Swizzle<2, 4, 3> (bits 7-8 of the byte offset XORed into bits
-// 4-5), the layout wgmma's 64-byte swizzle mode reads; the pattern repeats every 8 rows (512 bytes).
-constexpr bool swizzle_is_cute_sw64() {
-  for (int row = 0; row < 8; ++row) {
-    for (int chunk = 0; chunk < 4; ++chunk) {
-      if (swizzled_offset(row, chunk, B_TOPK) != cute::Swizzle<2, 4, 3>{}(static_cast<uint32_t>(row * 64 + chunk * 16))) return false;
-    }
-  }
-  return true;
-}
-static_assert(swizzle_is_cute_sw64(), "swizzled_offset is the 64-byte swizzle wgmma reads");
 
 }  // namespace sparse_mla::sm90::prefill

@@ -1,5 +1,6 @@
-// The narrow-head tile: the consumers' pair loop and epilogue for h_q <= NARROW_HEADS (tensor-parallel
-// ranks), with the logits computed transposed so that the tile's N, not its M, spans the heads.
+// The narrow-head tiles (Tile::kNarrow, kNarrow16, kNarrow8): the consumers' pair loop and epilogue for
+// h_q <= NARROW_HEADS (tensor-parallel ranks), with the logits computed transposed so that the tile's
+// N, not its M, spans the heads.
 //
 // Per pair, consumer w (w = 0, 1), as in consumer.cuh but transposed:
 //   S_w^T = K_w . Q^T          64 slots x NH heads of block w, e4m3 wgmma m64nNHk32 (SS), A = the
@@ -29,11 +30,31 @@
 
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/consumer.cuh>
+#include <sparse_mla/sm90/prefill/finalize.cuh>
+#include <sparse_mla/sm90/prefill/mma.cuh>
+#include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/swizzle.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90::prefill {
+
+// The narrow tiles' policy: NH heads of one token, no tail split, the copies arriving by themselves.
+template <int NH>
+struct NarrowTileTraits {
+  static constexpr int kHeads = NH;
+  static constexpr bool kNarrow = true;
+  static constexpr bool kGroups = false;
+  static constexpr bool kSplits = false;
+  static constexpr bool kCopiesArrive = true;
+};
+template <>
+struct TileTraits<Tile::kNarrow> : NarrowTileTraits<NARROW_HEADS> {};
+template <>
+struct TileTraits<Tile::kNarrow16> : NarrowTileTraits<NARROW_16_HEADS> {};
+template <>
+struct TileTraits<Tile::kNarrow8> : NarrowTileTraits<NARROW_8_HEADS> {};
 
 // NH, the tile's heads (the N of Q.K^T and of P.V): 32 (Tile::kNarrow), 16 (Tile::kNarrow16) for
 // h_q <= 16 or 8 (Tile::kNarrow8) for h_q <= 8, each halving the tensor work and the exponentials
@@ -48,35 +69,6 @@ struct NarrowState {
   float alpha[2 * J];       // the pair's rescale factor of O per head
 };
 
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14],
-      d[15], accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-__device__ __forceinline__ void wgmma_narrow_ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_SS_TN<>::fma(
-      desc_a, desc_b, d[0], d[1], d[2], d[3],
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
-                                                          d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13],
-                                                          d[14], d[15]);
-}
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3], d[4],
-                                                          d[5], d[6], d[7]);
-}
-__device__ __forceinline__ void wgmma_narrow_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b) {
-  cute::SM90::GMMA::MMA_64x8x32_F32E4M3E4M3_RS_TN<>::fma(a[0], a[1], a[2], a[3], desc_b, d[0], d[1], d[2], d[3]);
-}
-
 // S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.
 template <int D_QK, int REGS>
 __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[REGS]) {
@@ -89,7 +81,7 @@ __device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK>& ss, i
 #pragma unroll
   for (int kk = 0; kk < STEPS; ++kk) {
     const uint32_t step = static_cast<uint32_t>(((kk >> 1) * (B_TOPK * 64) + (kk & 1) * 32) >> 4);
-    wgmma_narrow_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
+    wgmma_ss(s, desc_sw64(dk + step), desc_sw64(dq + step), kk > 0);
   }
   cute::warpgroup_commit_batch();
 }
@@ -109,7 +101,7 @@ __device__ __forceinline__ void issue_pv_narrow(float (&o)[4][REGS], const uint3
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma_narrow_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
+      for (int i = 0; i < 4; ++i) wgmma_rs(o[i], a[b][ks][i], desc_sw64(dp + ((ks * 32) >> 4)));
     }
   }
   cute::warpgroup_commit_batch();
@@ -339,7 +331,6 @@ template <int D_QK, int NH>
 __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                                      const NarrowState<NH>& st, int q_row, int num_heads) {
   constexpr int NH_J = NarrowState<NH>::J;
-  constexpr float LN2 = 0.6931471805599453f;
   const ConsumerThread thread = consumer_thread();
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
 #pragma unroll
@@ -363,22 +354,10 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
       sum += ss.head_sum[k / 4][k % 4][head];
       row_max = max_nan(row_max, ss.head_max[k / 4][k % 4][head]);
     }
-    const float reference = ss.head_reference[head];
-    float scale = 0.f, lse = INFINITY, mx = -INFINITY;
-    if (reference == -INFINITY && isnan(row_max)) {
-      scale = lse = mx = NAN;
-    } else if (reference != -INFINITY) {
-      lse = (reference + __log2f(sum)) * LN2;
-      mx = row_max * LN2;
-      scale = __fdividef(*params.kv_scale, sum);
-      if (params.attn_sink != nullptr && head < num_heads) scale *= __fdividef(1.f, 1.f + __expf(params.attn_sink[head] - lse));
-    }
-    ss.out_scale[head] = scale;
-    if (head < num_heads) {
-      params.max_logits[static_cast<int64_t>(q_row) * params.max_logits_stride_s +
-                        static_cast<int64_t>(head) * params.max_logits_stride_h] = mx;
-      params.lse[static_cast<int64_t>(q_row) * params.lse_stride_s + static_cast<int64_t>(head) * params.lse_stride_h] = lse;
-    }
+    const RowOutputs r =
+        finalize_row(params, ss.head_reference[head], sum, row_max, *params.kv_scale, head, head < num_heads);
+    ss.out_scale[head] = r.scale;
+    if (head < num_heads) store_row_outputs(params, q_row, head, r);
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
 
@@ -406,6 +385,20 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
         }
       }
     }
+  }
+}
+
+// The consumer warpgroups' role with a narrow tile: each work unit's pairs, then its outputs (whole
+// items only: the launch runs a split call with the wide tile).
+template <int D_QK, int TOPK, Tile TILE>
+__device__ __forceinline__ void run_narrow_consumers(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+                                                     int n_units, float scale_log2) {
+  WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
+  for (; scheduler.has_work(); scheduler.advance()) {
+    const WorkUnit w = scheduler.current();
+    NarrowState<TileTraits<TILE>::kHeads> st;
+    run_narrow_mainloop<D_QK, TOPK>(ss, scale_log2, w.n_pairs, scheduler.pair_base(), scheduler.unit_count(), st);
+    store_outputs_narrow<D_QK>(params, ss, st, w.q_row, w.num_heads);
   }
 }
 
