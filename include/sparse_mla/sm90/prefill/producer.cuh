@@ -16,7 +16,7 @@
 // the pair. Waiting for each block before issuing the next is slower, most at long s_kv: block 1's
 // refill then starts only when block 0's copies have landed. Deferring block 1 to the next pair
 // would deadlock: consumer 1 issues Q.K^T on it before releasing the block that pair waits for.
-// With the narrow tile the copies' landing arrives instead (copies_arrive, traits.cuh): the producer
+// With the narrow tile the copies' landing arrives instead (copies_arrive, pipeline.cuh): the producer
 // waits only for free stages, and each consumer fences after its wait (tiles/narrow.cuh).
 #pragma once
 
