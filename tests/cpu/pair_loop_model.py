@@ -463,8 +463,13 @@ def _softmax_to_probs(c, order, exact, stage, buf, wg, acquire_next):
     c(bar_sync("kProbsReady", "named_barrier_sync_or<kProbsReady>(moved)"))
     if exact:
         c(st_shared(f"row_max[{wg}]", "the pair's row maxima (c == 0)"),
-          bar_sync("kRowMaxReady", "named_barrier_sync<kRowMaxReady>"),
-          ld_shared(f"row_max[{1 - wg}]", "the other consumer's row maxima"),
+          bar_sync("kRowMaxReady", "named_barrier_sync<kRowMaxReady>"))
+        # clear_v_nans (tiles/grouped.cuh), here on every exact pair (it runs on a NaN only): each thread
+        # rewrites the vectors it read, so its read is ordered with everything as the write is, and only
+        # the write, which the other threads' ldmatrix reads, is an event.
+        if order.tile == "grouped":
+            c(st_shared(f"kv[{stage}][{wg}]", "clear_v_nans (the block's V)", cross_thread=True))
+        c(ld_shared(f"row_max[{1 - wg}]", "the other consumer's row maxima"),
           st_shared(probs, "write_probs (new references)"),
           st_shared(f"alpha[{wg}]", "alpha (c == 0)"),
           fence_proxy_async("fence_view_async_shared (P, new references)"),

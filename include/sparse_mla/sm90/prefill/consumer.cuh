@@ -174,24 +174,23 @@ struct BlockLogits {
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
-                                                 int buf, float scale_log2, ConsumerState& st, RowMask row_mask,
-                                                 bool& v_nan) {
+                                                 int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
   const ConsumerThread thread = consumer_thread_of_index();
   if constexpr (TileTraits<TILE>::kGroups) {
-    return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, buf, thread, st,
-                            v_nan);
+    return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, stage, buf,
+                            thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
     return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},
-                            valid_bits == ~0ull, buf, thread, st, v_nan);
+                            valid_bits == ~0ull, stage, buf, thread, st);
   }
 }
 
 // The same from the block's logits and whether all of this thread's slots are valid (the common case:
-// no masking). With a RowMask, v_nan tells whether either block of the pair may hold a NaN in V.
+// no masking).
 template <int D_QK, typename Mask>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const BlockLogits<Mask>& logits, bool all_valid,
-                                                 int buf, const ConsumerThread& thread, ConsumerState& st, bool& v_nan) {
+                                                 int stage, int buf, const ConsumerThread& thread, ConsumerState& st) {
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
@@ -216,12 +215,9 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
   }
   // A NaN in a gathered row's V columns (K's first D_V) is NaN in its logit of every row of the tile,
   // and the row is in the block because some row's token selected it: that row's max is NaN. So a
-  // pair whose rows' maxima are all numbers has no NaN in V; one that may takes the exact path, which
-  // tells the pair loop.
-  if constexpr (Mask::kSharedByTokens) {
-    v_nan = false;
-    moved = moved || nan;
-  }
+  // pair whose rows' maxima are all numbers has no NaN in V; one that may takes the exact path, where
+  // it is cleared.
+  if constexpr (Mask::kSharedByTokens) moved = moved || nan;
   if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) st.row_sum[h] += psum[h];
@@ -234,8 +230,14 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
     mloc[h] = quad_max(mloc[h]);
     if (c == 0) ss.row_max[wg][frag_row(warp, g, h)] = mloc[h];
   }
-  if constexpr (Mask::kSharedByTokens) v_nan = named_barrier_sync_or<kRowMaxReady, NUM_CONSUMER_THREADS>(nan);
-  else named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+  if constexpr (Mask::kSharedByTokens) {
+    // The V columns' NaNs cleared before the kProbsReady below, after which both consumers read the
+    // block's V. The rows that selected a NaN row keep their NaN logit, so their P, O, max and lse are
+    // NaN as without the clearing; for every other row the row's P is 0 and now multiplies a number.
+    if (named_barrier_sync_or<kRowMaxReady, NUM_CONSUMER_THREADS>(nan)) clear_v_nans(ss, stage, wg);
+  } else {
+    named_barrier_sync<kRowMaxReady, NUM_CONSUMER_THREADS>();
+  }
   // Both consumers derive the same reference and alpha from the same two maxima.
   bool rescale = false;
   float alpha[2];
@@ -296,7 +298,6 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   // In a one-block tile consumer 1 issues no Q.K^T: block 1's valid bits are all 0, so the softmax
   // masks each of its logits before using it, whatever s holds.
   RowMask row_mask{};  // the grouped tile's, of the pair whose softmax comes next
-  bool v_nan = false;  // the grouped tile's: V of the pair whose P.V comes next may hold a NaN
   [[maybe_unused]] RowValidWords row_words{};
   if constexpr (TileTraits<TILE>::kGroups) row_words = grouped_row_words(ss, first.index, wg);
   if (!ONE_BLOCK || wg == 0) issue_qk(ss, first.index, wg, s);
@@ -307,7 +308,7 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
   // P.V), half a pair before the last pair's P.V begins, so that the producer loads the next unit's
   // Q earlier (docs/lab.md, Experiments 99 and 124).
   if (n_pairs == 1) mbarrier_arrive(&ss.q_empty);
-  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask, v_nan);
+  bool rescale = softmax_to_probs<TILE>(ss, s, first.index, wg, 0, scale_log2, st, row_mask);
 
   for (int pair = 0; pair < n_pairs; ++pair) {
     const KvStage stage(pair_base + pair);
@@ -340,9 +341,6 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][0]), v_lane_offset, a);
-      if constexpr (TileTraits<TILE>::kGroups) {
-        if (v_nan) clear_nans(a);
-      }
       // Block 0's Q.K^T finished in the previous iteration and its V rows are in registers now.
       // Every thread arrives, releasing its own reads (ldmatrix, valid bits) to the producer.
       mbarrier_arrive(&ss.kv_empty[stage.index][0]);
@@ -357,13 +355,10 @@ __device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, f
     } else {
       uint32_t a[2][4][4];
       load_v_fragments(smem_addr(ss.kv[stage.index][1]), v_lane_offset, a);
-      if constexpr (TileTraits<TILE>::kGroups) {
-        if (v_nan) clear_nans(a);
-      }
       mbarrier_arrive(&ss.kv_empty[stage.index][1]);  // as block 0 above
       issue_pv(st.o, a, smem_addr(ss.probs[buf][1]));
     }
-    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st, row_mask, v_nan);
+    if (has_next) rescale = softmax_to_probs<TILE>(ss, s, stage.next().index, wg, buf ^ 1, scale_log2, st, row_mask);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);

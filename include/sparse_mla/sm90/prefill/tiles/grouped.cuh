@@ -20,8 +20,8 @@ namespace sparse_mla::sm90::prefill {
 struct RowMask {
   // The block holds the union of several tokens' rows, and P.V multiplies every row of the tile with
   // every gathered row: a NaN in a row's V would reach, through 0 x NaN, the tokens that did not
-  // select it. So the softmax tells the pair loop where a block may hold one (softmax_to_probs), and
-  // the pair loop clears V's NaNs in its registers there (clear_nans).
+  // select it. So the softmax clears V's NaNs where a block may hold one (softmax_to_probs,
+  // clear_v_nans).
   static constexpr bool kSharedByTokens = true;
   uint32_t valid;  // bit 8 (j % 4) + 4 (j / 4) + 2h + e: slot 8j + 2c + e is valid for row h
   __device__ __forceinline__ bool is_valid(int k) const {
@@ -40,17 +40,21 @@ struct RowMask {
   }
 };
 
-// V's NaN bytes (e4m3 S.1111.111) set to 0, in the A fragments of one block: adding 1 to a byte's low
-// 7 bits carries into its bit 7 exactly when they are all ones, and prmt's sign mode (selector 8 + i)
-// spreads bit 7 of byte i over the byte.
-__device__ __forceinline__ void clear_nans(uint32_t (&a)[2][4][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) a[ks][i][r] &= ~prmt((a[ks][i][r] & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u);
-    }
+// Zero every e4m3 NaN byte (S.1111.111) of the V columns (the first D_V of each row) of one gathered
+// block, by the 128 threads of its consumer. Adding 1 to a byte's low 7 bits carries into its bit 7
+// exactly when they are all ones; prmt's sign mode (selector 8 + i) spreads bit 7 of byte i over it.
+// In shared memory, in the softmax's rare exact path: clearing the V fragments in the pair loop's
+// registers instead put a branch on every pair's path into P.V, which slowed every grouped call
+// (docs/lab.md, Experiment 127).
+template <int D_QK>
+__device__ __forceinline__ void clear_v_nans(SharedStorage<D_QK>& ss, int stage, int wg) {
+  constexpr int V_VECTORS = B_TOPK * D_V / 16;  // column blocks 0 .. D_V / 64: the tile's first bytes
+  uint4* const tile = reinterpret_cast<uint4*>(ss.kv[stage][wg]);
+  const auto cleared = [](uint32_t x) { return x & ~prmt((x & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u); };
+#pragma unroll 1
+  for (int v = static_cast<int>(threadIdx.x) % 128; v < V_VECTORS; v += 128) {
+    const uint4 x = tile[v];
+    tile[v] = make_uint4(cleared(x.x), cleared(x.y), cleared(x.z), cleared(x.w));
   }
 }
 
