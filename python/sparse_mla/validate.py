@@ -240,14 +240,20 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + extent * t.element_size()
 
 
+def check_row_alignment(q: torch.Tensor, kv: torch.Tensor) -> None:
+    """q and kv start at 16-byte aligned addresses; needs real (not fake) tensors."""
+    if q.data_ptr() % ROW_ALIGNMENT or kv.data_ptr() % ROW_ALIGNMENT:
+        for name, tensor in (("q", q), ("kv", kv)):
+            if tensor.data_ptr() % ROW_ALIGNMENT:
+                _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
+
+
 def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str, torch.Tensor]) -> None:
     """Alignment of q/kv and aliasing of the caller's preallocated outputs; needs real (not fake)
     tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
-    for name in ("q", "kv"):
-        tensor = inputs[name]
-        assert tensor is not None  # required arguments, validated before
-        if tensor.data_ptr() % ROW_ALIGNMENT:
-            _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
+    q, kv = inputs["q"], inputs["kv"]
+    assert q is not None and kv is not None  # required arguments, validated before
+    check_row_alignment(q, kv)
     if not outputs:
         return
     spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]

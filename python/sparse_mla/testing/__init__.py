@@ -11,6 +11,8 @@
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
+- `load_module`, `launch_with_module`, `PrefillArgs`: the package's launch plan run on a kernel module
+  built from other sources (A/B benchmarks).
 
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
@@ -34,6 +36,7 @@ from sparse_mla.testing.inputs import (
     quantize_fp8,
     random_indices,
 )
+from sparse_mla.testing.modules import PrefillArgs, launch_with_module, load_module
 from sparse_mla.testing.numerics import (
     ErrorModel,
     default_out_tolerance,
@@ -54,6 +57,7 @@ __all__ = [
     "OUT_TOL",
     "PRESETS",
     "ErrorModel",
+    "PrefillArgs",
     "IndexOverlap",
     "assert_close_to_reference",
     "default_out_tolerance",
@@ -61,6 +65,8 @@ __all__ = [
     "fp8_model_prefill",
     "index_overlap_stats",
     "interleaved_median_ms",
+    "launch_with_module",
+    "load_module",
     "logit_error_bound",
     "make_inputs",
     "median_time_ms",
