@@ -28,6 +28,11 @@ def tp():
     return _benchmark_script("tp")
 
 
+@pytest.fixture(scope="session")
+def overhead():
+    return _benchmark_script("overhead")
+
+
 @pytest.fixture
 def no_compiler(monkeypatch):
     """Fails the test if anything reaches the JIT (key building, cache lookup, compile)."""

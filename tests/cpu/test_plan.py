@@ -66,6 +66,14 @@ def test_the_batch_invariant_mode_never_plans_token_groups_or_a_split(mode):
                     assert plan.entry == ENTRY_FUNCTION and plan.group_size == 1 and plan.split_parts == 1, context
 
 
+def test_the_overhead_benchmark_measures_the_paths_it_names(overhead):
+    for row in overhead.ROWS:
+        plan = launch.plan(row.s_q, row.h_q, overhead.TOPK, H100_SMS, row.batch_invariant, row.token_groups)
+        entry = {"wide": ENTRY_FUNCTION, "narrow": ENTRY_FUNCTION, "split": SPLIT_CALL_FUNCTION,
+                 "grouped": GROUPED_CALL_FUNCTION}[row.path.split()[-1]]
+        assert plan.entry == entry and (row.path.split()[-1] != "narrow" or plan.tiles[0].startswith("narrow")), (row, plan)
+
+
 def test_a_shape_is_planned_on_its_first_call_only(monkeypatch):
     """The Hopper check, the module lookup and the plan run once per (device, shape, mode); later calls
     look them up and go straight to the module entry."""
