@@ -2,7 +2,7 @@
 
 Each variant is a cache root that `python -m sparse_mla prebuild` filled from one source tree. For
 every shape, all variants run on the same inputs through the package's own launch plan
-(`sparse_mla.launch.launch` with the variant's module), interleaved call by call with the incumbent
+(`sparse_mla.testing.launch_with_module` with the variant's module), interleaved call by call with the incumbent
 (`sparse_mla.testing.interleaved_median_ms`: a new random order every turn), L2 flushed before each
 timed call; the table gives each variant's median time relative to the first variant's and the
 incumbent's over each variant's. The outputs of all variants are compared bitwise with the first
@@ -33,11 +33,11 @@ import tvm_ffi
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
 from common import INDEX_PATTERNS, SHAPES, git_commit, incumbent_call, pattern_indices  # noqa: E402
 
-from sparse_mla.jit import ENTRY_FUNCTION  # noqa: E402
-from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION  # noqa: E402
-from sparse_mla.launch import launch  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
+    PrefillArgs,
     interleaved_median_ms,
+    launch_with_module,
+    load_module,
     make_inputs,
     poisoned_outputs,
     prefill_flops,
@@ -49,30 +49,25 @@ SHAPE_FIELDS = ("s_q", "s_kv", "h_q", "d_qk", "topk")
 QUICK = (0, 3, 5, 6)  # of the benchmark table: h_q 128 at 8K and 128K, small s_q, d_qk 512 / topk 512
 
 
-class LegacyModule:
-    """A module built before token groups: its entry ends at the tail split's counters (15 arguments),
-    and it has no pre-pass, so it runs with token groups off."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        function = getattr(self._module, name)
-        return (lambda *args: function(*args[:15])) if name == ENTRY_FUNCTION else function
+def seam(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, batch_invariant,
+         module, token_groups):
+    """A call through this package's launch plan on ``module`` (a build of this package's entries)."""
+    launch_with_module(module, PrefillArgs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits,
+                                           lse, sm_scale, batch_invariant), token_groups=token_groups)
 
 
 def load_variant(spec: str) -> tuple[str, dict, str, object]:
     """``NAME=CACHE_ROOT[:MODE][@PLAN]`` -> (name, {(d_qk, topk): module}, token-group mode, launch) for
-    every kernel the root holds; MODE is ``auto`` (default), ``always`` or ``never`` (forced for modules
-    built before token groups); PLAN, the ``launch.py`` of the tree the root was built from, where its
-    entries take other arguments than this package's (loaded beside it: the rest of the package must
-    be the same). The same root under two names times one build twice: the spread between the two is
+    every kernel the root holds; MODE is ``auto`` (default), ``always`` or ``never``; PLAN, the
+    ``launch.py`` of the tree the root was built from, where its entries take other arguments than this
+    package's (loaded beside it; its ``launch`` must take the call's tensors, then ``module=`` and
+    ``token_groups=``, as the package's did before its entries took a plan's arguments). The same root under two names times one build twice: the spread between the two is
     the noise floor."""
     name, _, rest = spec.partition("=")
     rest, _, plan_path = rest.partition("@")
     root, _, mode = rest.partition(":")
     mode = mode or "auto"
-    plan = launch
+    plan = seam
     if plan_path:
         plan_spec = importlib.util.spec_from_file_location(f"launch_plan_{name}", plan_path)
         plan_module = importlib.util.module_from_spec(plan_spec)
@@ -81,12 +76,7 @@ def load_variant(spec: str) -> tuple[str, dict, str, object]:
     modules = {}
     for so in sorted(pathlib.Path(root).glob("sm90a/sparse_mla_prefill_dqk*_topk*_sm90a/*/*.so")):
         key = so.parent.parent.name.split("_")  # sparse_mla_prefill_dqk576_topk2048_sm90a
-        module = tvm_ffi.load_module(str(so))
-        try:
-            getattr(module, TOKEN_GROUPS_FUNCTION)
-        except AttributeError:
-            module, mode = LegacyModule(module), "never"
-        modules[(int(key[3][3:]), int(key[4][4:]))] = module
+        modules[(int(key[3][3:]), int(key[4][4:]))] = load_module(so)
     if not modules:
         sys.exit(f"no kernel module under {root}")
     return name, modules, mode, plan

@@ -1,14 +1,16 @@
-// The tvm-ffi entry point of one kernel module: check -> device guard -> stream -> launch.
+// The tvm-ffi entry points of one kernel module: check -> device guard -> stream -> launch.
 //
 // The Python package generates, per kernel key (d_qk, topk, arch), a translation unit that includes
-// this header and exports `prefill_fwd<D_QK, TOPK>` and the key string. Python has already validated
+// this header and exports one entry per launch plan (sparse_mla/launch.py): `prefill_fwd` (every work
+// item whole, no token groups), `prefill_split_fwd` (a tail split) and `prefill_token_groups_fwd` (the
+// token groups' pre-pass and both launches), the pre-pass alone (`token_groups_fwd`, which launches
+// no prefill kernel) and the key string. None takes a flag or a list it does not use. Python has already validated
 // every argument before any compiler runs; the checks here repeat what the kernel relies on, so that a module can
 // never be fed tensors it was not built for (defence in depth), and raise typed errors instead of
 // crashing. Nothing here synchronizes the device.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -28,6 +30,10 @@ namespace sparse_mla {
 namespace ffi = tvm::ffi;
 
 namespace detail {
+
+// The kernel counts work items (query token, 64-head block) and units in int, with room for its CTA
+// stride.
+constexpr int64_t kMaxItems = INT32_MAX - (1 << 20);
 
 inline bool has_dtype(const ffi::TensorView& t, int code, int bits) {
   DLDataType d = t.dtype();
@@ -112,38 +118,32 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
   }
 }
 
-// The token groups' lists (sm90/prefill/token_groups/): group_size 1 and no tensors, or
-// 2 .. MAX_GROUP tokens per group that fit one tile with TOPK slots each that fit the pre-pass's table,
-// group_indices int32 [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G]
-// (traits.cuh), group_length int32 [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)] (traits.cuh).
+// The token groups' lists (sm90/prefill/token_groups/): 2 .. MAX_GROUP tokens per group that fit
+// one tile with TOPK slots each that fit the pre-pass's table, group_indices int32 [ceil(s_q / G), G * TOPK],
+// group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G] (traits.cuh), group_length int32
+// [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)] (traits.cuh).
 template <int TOPK>
 void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
-                           const ffi::Optional<ffi::TensorView>& group_indices,
-                           const ffi::Optional<ffi::TensorView>& group_masks,
-                           const ffi::Optional<ffi::TensorView>& group_length,
-                           const ffi::Optional<ffi::TensorView>& group_units) {
+                        const ffi::TensorView& group_indices, const ffi::TensorView& group_masks,
+                        const ffi::TensorView& group_length, const ffi::TensorView& group_units) {
   using sm90::prefill::B_H;
   using sm90::prefill::MAX_GROUP;
   using sm90::prefill::MAX_GROUP_SLOTS;
-  const bool groups = group_size > 1;
-  if (group_indices.has_value() != groups || group_masks.has_value() != groups || group_length.has_value() != groups ||
-      group_units.has_value() != groups ||
-      group_size < 1 || group_size > MAX_GROUP || (groups && (group_size * h_q > B_H || group_size * TOPK > MAX_GROUP_SLOTS))) {
+  if (group_size < 2 || group_size > MAX_GROUP || group_size * h_q > B_H || group_size * TOPK > MAX_GROUP_SLOTS) {
     TVM_FFI_THROW(ValueError) << "inconsistent token groups: group_size " << group_size << " with h_q " << h_q
                               << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
-                              << " rows and " << MAX_GROUP_SLOTS << " slots, each list given, or 1 and none)";
+                              << " rows and " << MAX_GROUP_SLOTS << " slots)";
   }
-  if (!groups) return;
   const int64_t n_groups = sm90::prefill::num_groups_of(s_q, group_size);
-  check_tensor(*group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
-  check_contiguous(*group_indices, "group_indices");
-  check_tensor(*group_masks, "group_masks", device, kDLInt, 64,
+  check_tensor(group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
+  check_contiguous(group_indices, "group_indices");
+  check_tensor(group_masks, "group_masks", device, kDLInt, 64,
                {n_groups, sm90::prefill::group_mask_blocks(static_cast<int>(group_size) * TOPK), group_size});
-  check_contiguous(*group_masks, "group_masks");
-  check_tensor(*group_length, "group_length", device, kDLInt, 32, {n_groups});
-  check_contiguous(*group_length, "group_length");
-  check_tensor(*group_units, "group_units", device, kDLInt, 32, {sm90::prefill::group_units_size(s_q, group_size)});
-  check_contiguous(*group_units, "group_units");
+  check_contiguous(group_masks, "group_masks");
+  check_tensor(group_length, "group_length", device, kDLInt, 32, {n_groups});
+  check_contiguous(group_length, "group_length");
+  check_tensor(group_units, "group_units", device, kDLInt, 32, {sm90::prefill::group_units_size(s_q, group_size)});
+  check_contiguous(group_units, "group_units");
 }
 
 // The selections: indices [s_q, 1, TOPK] int32 (s_q -1: any), contiguous; topk_length [s_q] int32 or None.
@@ -162,20 +162,26 @@ void check_selections(const ffi::TensorView& indices, const ffi::Optional<ffi::T
 
 namespace detail {
 
-// prefill_fwd's checks, then the kernel's parameters (launch_prefill).
+// A dequantization scale: one float32 element on q's device, of any rank (read on the device).
+inline void check_scale(const ffi::TensorView& t, const char* name, const DLDevice& device) {
+  if (t.device().device_type != kDLCUDA || t.device().device_id != device.device_id) {
+    TVM_FFI_THROW(ValueError) << name << " must be on q's device cuda:" << device.device_id;
+  }
+  if (!has_dtype(t, kDLFloat, 32)) {
+    TVM_FFI_THROW(ValueError) << name << " has the wrong dtype (code " << int(t.dtype().code) << ", "
+                              << int(t.dtype().bits) << " bits)";
+  }
+  if (t.numel() != 1) TVM_FFI_THROW(ValueError) << name << " must have exactly one element, got " << t.numel();
+}
+
+// The checks every launch relies on, then the kernel's parameters of a call without a tail split or
+// token groups (launch_prefill); the split and grouped entries add theirs.
 template <int D_QK, int TOPK>
 PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv, const ffi::TensorView& indices,
                              const ffi::TensorView& q_scale, const ffi::TensorView& kv_scale,
                              const ffi::Optional<ffi::TensorView>& attn_sink,
                              const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
-                             const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale,
-                             int64_t split_begin, int64_t split_parts,
-                             const ffi::Optional<ffi::TensorView>& split_workspace,
-                             const ffi::Optional<ffi::TensorView>& split_counters, int64_t group_size,
-                             const ffi::Optional<ffi::TensorView>& group_indices,
-                             const ffi::Optional<ffi::TensorView>& group_masks,
-                             const ffi::Optional<ffi::TensorView>& group_length,
-                             const ffi::Optional<ffi::TensorView>& group_units, bool grouped) {
+                             const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
   constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
   const DLDevice device = q.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "q must be a CUDA tensor";
@@ -185,8 +191,8 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
   check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
   const int64_t s_kv = kv.size(0);
   check_selections<TOPK>(indices, topk_length, device, s_q);
-  check_tensor(q_scale, "q_scale", device, kDLFloat, 32, {1});
-  check_tensor(kv_scale, "kv_scale", device, kDLFloat, 32, {1});
+  check_scale(q_scale, "q_scale", device);
+  check_scale(kv_scale, "kv_scale", device);
   check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, D_V});
   check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
   check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
@@ -197,36 +203,10 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
     check_tensor(*attn_sink, "attn_sink", device, kDLFloat, 32, {h_q});
     check_contiguous(*attn_sink, "attn_sink");
   }
-  // The kernel counts work items (query token, 64-head block) and units in int, with room for its
-  // CTA stride.
-  constexpr int64_t kMaxItems = INT32_MAX - (1 << 20);
   const int64_t items = s_q * ((h_q + 63) / 64);
   if (h_q < 1 || s_kv < 1 || s_kv > INT32_MAX || h_q > INT32_MAX || items > kMaxItems) {
     TVM_FFI_THROW(ValueError) << "shape out of the supported domain: s_q " << s_q << ", h_q " << h_q
                               << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << kMaxItems << ")";
-  }
-  using sm90::prefill::MAX_SPLIT_PARTS;
-  using sm90::prefill::PART_FLOATS;
-  const int64_t split_items = items - split_begin;
-  const bool split = split_parts > 1;
-  if (split_parts < 1 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 0 ||
-      (!split && split_items != 0) || split_workspace.has_value() != split || split_counters.has_value() != split ||
-      split_begin + split_items * split_parts > kMaxItems) {
-    TVM_FFI_THROW(ValueError) << "inconsistent tail split: split_begin " << split_begin << ", split_parts "
-                              << split_parts << " for " << items << " work items";
-  }
-  if (split) {
-    check_tensor(*split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
-    check_contiguous(*split_workspace, "split_workspace");
-    if (reinterpret_cast<uintptr_t>(data_of<float>(*split_workspace)) % 16 != 0) {
-      TVM_FFI_THROW(ValueError) << "split_workspace must start at a 16-byte boundary (the merge moves float4s)";
-    }
-    check_tensor(*split_counters, "split_counters", device, kDLInt, 32, {split_items});
-    check_contiguous(*split_counters, "split_counters");
-  }
-  check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
-  if ((group_size > 1 && split) || (grouped && group_size == 1)) {
-    TVM_FFI_THROW(ValueError) << "token groups run without a tail split, and a grouped launch needs groups";
   }
   check_aligned_rows(q, "q");
   check_aligned_rows(kv, "kv");
@@ -256,15 +236,9 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
   params.lse = data_of<float>(lse);
   params.lse_stride_s = lse.stride(0);
   params.lse_stride_h = lse.stride(1);
-  params.split_begin = static_cast<int>(split_begin);
-  params.split_parts = static_cast<int>(split_parts);
-  params.split_workspace = split ? data_of<float>(*split_workspace) : nullptr;
-  params.split_counters = split ? data_of<int32_t>(*split_counters) : nullptr;
-  params.group_size = static_cast<int>(group_size);
-  params.group_indices = group_size > 1 ? data_of<const int32_t>(*group_indices) : nullptr;
-  params.group_masks = group_size > 1 ? data_of<const uint64_t>(*group_masks) : nullptr;
-  params.group_length = group_size > 1 ? data_of<const int32_t>(*group_length) : nullptr;
-  params.group_units = group_size > 1 ? data_of<const int32_t>(*group_units) : nullptr;
+  params.split_begin = static_cast<int>(items);  // no item split
+  params.split_parts = 1;
+  params.group_size = 1;  // no token groups
   return params;
 }
 
@@ -273,39 +247,68 @@ inline cudaStream_t current_stream(const DLDevice& device) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
 }
 
+// A launch the CUDA runtime refused raises sparse_mla.KernelLaunchError in Python (the package registers
+// this error kind with tvm-ffi when it loads a module).
 inline void check_launch(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) TVM_FFI_THROW(RuntimeError) << "sparse_mla " << what << " launch failed: " << cudaGetErrorString(status);
+  if (status != cudaSuccess) {
+    TVM_FFI_THROW(SparseMLAKernelLaunchError) << "sparse_mla " << what << " launch failed: " << cudaGetErrorString(status);
+  }
 }
 
 }  // namespace detail
 
-// q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK] e4m3; indices [s_q, 1, TOPK] int32;
-// q_scale, kv_scale [1] f32; attn_sink [h_q] f32 or None; topk_length [s_q] int32 or None;
-// out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32. The tail split (sm90/prefill/split.cuh):
-// items from split_begin on are cut into split_parts parts; with split_parts > 1, split_workspace is
-// [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters [items - split_begin] int32,
-// which the launch zeroes first (items = s_q * ceil(h_q / 64)); with split_parts == 1, split_begin ==
-// items and both are None. Token groups (detail::check_token_groups): with group_size > 1 (no tail
-// split), `grouped` launches the groups whose lists token_groups_fwd built (group_length >= 0),
-// otherwise the tokens of the others. Launches on the stream tvm-ffi took from torch (the caller's
-// current stream).
+// An ordinary call: every work item whole, no token groups. q [s_q, h_q, D_QK] e4m3; kv [s_kv, 1, D_QK]
+// e4m3; indices [s_q, 1, TOPK] int32; q_scale, kv_scale one f32 element each; attn_sink [h_q] f32 or
+// None; topk_length [s_q] int32 or None; out [s_q, h_q, D_V = 512] bf16; max_logits, lse [s_q, h_q] f32.
+// Launches on the stream tvm-ffi took from torch (the caller's current stream).
 template <int D_QK, int TOPK>
-void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
-                 ffi::TensorView q_scale, ffi::TensorView kv_scale,
-                 ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
-                 ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse,
-                 double sm_scale, int64_t split_begin, int64_t split_parts,
-                 ffi::Optional<ffi::TensorView> split_workspace, ffi::Optional<ffi::TensorView> split_counters,
-                 int64_t group_size, ffi::Optional<ffi::TensorView> group_indices,
-                 ffi::Optional<ffi::TensorView> group_masks, ffi::Optional<ffi::TensorView> group_length,
-                 ffi::Optional<ffi::TensorView> group_units, bool grouped) {
-  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(
-      q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, split_begin,
-      split_parts, split_workspace, split_counters, group_size, group_indices, group_masks, group_length, group_units,
-      grouped);
+void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices, ffi::TensorView q_scale,
+                 ffi::TensorView kv_scale, ffi::Optional<ffi::TensorView> attn_sink,
+                 ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out, ffi::TensorView max_logits,
+                 ffi::TensorView lse, double sm_scale) {
+  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
+                                                                  topk_length, out, max_logits, lse, sm_scale);
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
-  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, grouped, detail::current_stream(q.device())),
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(q.device())),
+                       "prefill kernel");
+}
+
+// A call with a tail split (sm90/prefill/split.cuh), arguments as prefill_fwd's, then: the work items
+// (items = s_q * ceil(h_q / 64)) from split_begin on are cut into split_parts (2 .. MAX_SPLIT_PARTS)
+// parts; split_workspace is [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters
+// [items - split_begin] int32, which the launch zeroes first.
+template <int D_QK, int TOPK>
+void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices, ffi::TensorView q_scale,
+                       ffi::TensorView kv_scale, ffi::Optional<ffi::TensorView> attn_sink,
+                       ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out, ffi::TensorView max_logits,
+                       ffi::TensorView lse, double sm_scale, int64_t split_begin, int64_t split_parts,
+                       ffi::TensorView split_workspace, ffi::TensorView split_counters) {
+  PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
+                                                            topk_length, out, max_logits, lse, sm_scale);
+  using sm90::prefill::MAX_SPLIT_PARTS;
+  using sm90::prefill::PART_FLOATS;
+  const int64_t items = params.split_begin;
+  const int64_t split_items = items - split_begin;
+  if (split_parts < 2 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 1 ||
+      split_begin + split_items * split_parts > detail::kMaxItems) {
+    TVM_FFI_THROW(ValueError) << "inconsistent tail split: split_begin " << split_begin << ", split_parts "
+                              << split_parts << " for " << items << " work items";
+  }
+  const DLDevice device = q.device();
+  detail::check_tensor(split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
+  detail::check_contiguous(split_workspace, "split_workspace");
+  if (reinterpret_cast<uintptr_t>(detail::data_of<float>(split_workspace)) % 16 != 0) {
+    TVM_FFI_THROW(ValueError) << "split_workspace must start at a 16-byte boundary (the merge moves float4s)";
+  }
+  detail::check_tensor(split_counters, "split_counters", device, kDLInt, 32, {split_items});
+  detail::check_contiguous(split_counters, "split_counters");
+  params.split_begin = static_cast<int>(split_begin);
+  params.split_parts = static_cast<int>(split_parts);
+  params.split_workspace = detail::data_of<float>(split_workspace);
+  params.split_counters = detail::data_of<int32_t>(split_counters);
+  ffi::CUDADeviceGuard device_guard(device.device_id);
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(device)),
                        "prefill kernel");
 }
 
@@ -362,11 +365,11 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
                        "token-group kernel");
 }
 
-// A token-grouped call in one crossing of the FFI (each crossing converts and checks every argument
-// again, on the caller's CPU; docs/lab.md, Experiment 81): the
-// pre-pass (token_groups_fwd) into the lists, then the grouped launch and the launch of the other
-// groups' tokens (prefill_fwd with `grouped` true, then false), with no tail split. Every argument is
-// checked before the first launch.
+// A token-grouped call, arguments as prefill_fwd's, then those of token_groups_fwd: the pre-pass
+// (token_groups_fwd) into the lists, then the grouped launch and the launch of the other groups' tokens,
+// with no tail split, in one crossing of the FFI (each crossing converts and checks its arguments again).
+// The only entry that launches the grouped tile: its lists are always the pre-pass's of this call, on
+// its stream. Every argument is checked before the first launch.
 template <int D_QK, int TOPK>
 void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                               ffi::TensorView q_scale, ffi::TensorView kv_scale,
@@ -375,15 +378,16 @@ void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::Tensor
                               int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
                               ffi::TensorView group_masks, ffi::TensorView group_length,
                               ffi::TensorView group_units) {
-  // The split fields of a call without a tail split: split_begin is the work items' count, which
-  // prefill_params checks against q's shape (it rejects a q whose shape this reads wrongly).
-  const int64_t items = q.ndim() == 3 ? q.size(0) * ((q.size(1) + 63) / 64) : -1;
-  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(
-      q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, items, 1,
-      std::nullopt, std::nullopt, group_size, group_indices, group_masks, group_length, group_units, true);
+  PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
+                                                            topk_length, out, max_logits, lse, sm_scale);
   const TokenGroupParams groups = detail::token_group_params<TOPK>(
       indices, topk_length, kv.size(0), q.size(1), group_size, max_union_ratio, group_indices, group_masks,
       group_length, group_units);
+  params.group_size = static_cast<int>(group_size);
+  params.group_indices = detail::data_of<const int32_t>(group_indices);
+  params.group_masks = detail::data_of<const uint64_t>(group_masks);
+  params.group_length = detail::data_of<const int32_t>(group_length);
+  params.group_units = detail::data_of<const int32_t>(group_units);
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
   const cudaStream_t stream = detail::current_stream(q.device());

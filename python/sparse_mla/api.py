@@ -1,11 +1,12 @@
 """The public entry point: sparse_mla_q8kv8_prefill_fwd.
 
-The call path is: validate metadata (no device sync) -> allocate missing outputs -> the launch plan
-(:mod:`sparse_mla.launch`: Hopper check, the kernel module for (d_qk, topk), compiled on its very first
-use, the tail split, the launch on the caller's current CUDA stream). Under torch.compile the launch
-goes through the custom op ``sparse_mla::q8kv8_prefill_fwd_`` (it mutates the three outputs), so the
-call traces without a graph break; in eager mode it is called directly, saving the dispatcher's
-overhead.
+The call path is: validate metadata (no device sync) -> allocate missing outputs -> one
+:class:`~sparse_mla.args.PrefillArgs` -> the launch plan (:mod:`sparse_mla.launch`: decided on a shape's
+first call, with the Hopper check and the kernel module for (d_qk, topk), compiled on its very first
+use; looked up on later calls) -> one call into the module, which launches on the caller's current
+CUDA stream. Under torch.compile the launch goes through the custom op
+``sparse_mla::q8kv8_prefill_fwd_`` (it mutates the three outputs), so the call traces without a graph
+break; in eager mode it is called directly, saving the dispatcher's overhead.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Optional
 
 import torch
 
+from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import env
 from sparse_mla.launch import launch
-from sparse_mla.validate import MISSING, check_pointers, validate_prefill_args
+from sparse_mla.validate import MISSING, check_pointers, check_row_alignment, validate_prefill_args
 
 __all__ = ["sparse_mla_q8kv8_prefill_fwd"]
 
@@ -74,7 +76,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     Raises:
         TypeError, ValueError: a bad argument (before anything is compiled or launched).
         sparse_mla.errors.UnsupportedGPUError: q is not on an SM90 GPU.
-        sparse_mla.errors.SparseMLAError subclasses: the kernel could not be compiled or loaded.
+        sparse_mla.errors.SparseMLAError subclasses: the kernel could not be compiled or loaded
+            (KernelBuildError, ...), or the CUDA runtime refused its launch (KernelLaunchError).
 
     The kernel for each (d_qk, topk) is compiled on its first call (several seconds, announced on
     stderr) and cached on disk; ``sparse_mla.warmup(d_qk, topk)`` loads it at startup instead, and
@@ -93,7 +96,11 @@ def sparse_mla_q8kv8_prefill_fwd(
     elif not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
     s_q, h_q, _ = q.shape
-    preallocated = {name: t for name, t in (("out", out), ("max_logits", max_logits), ("lse", lse)) if t is not None}
+    # The caller's outputs are checked against the inputs and each other; the library's own cannot
+    # overlap anything.
+    preallocated = None
+    if out is not None or max_logits is not None or lse is not None:
+        preallocated = {name: t for name, t in zip(_OUTPUTS, (out, max_logits, lse)) if t is not None}
     if out is None:
         out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16)
     if max_logits is None:
@@ -105,23 +112,23 @@ def sparse_mla_q8kv8_prefill_fwd(
             q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale),
             batch_invariant,
         )
+        return out, max_logits, lse
+    args = PrefillArgs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
+                       float(sm_scale), batch_invariant)
+    if preallocated is None:
+        check_row_alignment(q, kv)
     else:
-        check_pointers(_named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length), preallocated)
-        launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale),
-               batch_invariant)
+        check_pointers(_named_inputs(args), preallocated)
+    launch(args)
     return out, max_logits, lse
 
 
-def _named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length) -> dict:
-    return {
-        "q": q,
-        "kv": kv,
-        "indices": indices,
-        "q_scale": q_scale,
-        "kv_scale": kv_scale,
-        "attn_sink": attn_sink,
-        "topk_length": topk_length,
-    }
+_INPUTS = ("q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")
+_OUTPUTS = ("out", "max_logits", "lse")
+
+
+def _named_inputs(args: PrefillArgs) -> dict:
+    return dict(zip(_INPUTS, args))
 
 
 @torch.library.custom_op("sparse_mla::q8kv8_prefill_fwd_", mutates_args=("out", "max_logits", "lse"))
@@ -140,11 +147,10 @@ def _prefill_op(
     batch_invariant: bool,
 ) -> None:
     """The launch as a torch custom op, for torch.compile (arguments already validated)."""
-    check_pointers(
-        _named_inputs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length),
-        {"out": out, "max_logits": max_logits, "lse": lse},
-    )
-    launch(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, batch_invariant)
+    args = PrefillArgs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale,
+                       batch_invariant)
+    check_pointers(_named_inputs(args), dict(zip(_OUTPUTS, args[7:10])))
+    launch(args)
 
 
 @_prefill_op.register_fake

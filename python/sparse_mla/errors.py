@@ -58,3 +58,8 @@ class KernelLoadError(SparseMLAError):
         super().__init__(message)
         self.path = path
         self.reason = reason
+
+
+class KernelLaunchError(SparseMLAError):
+    """The CUDA runtime refused to launch a kernel of a call whose arguments were valid (a context broken
+    by an earlier fault, an out-of-resources launch, ...): the outputs were not written."""

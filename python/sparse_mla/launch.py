@@ -1,8 +1,11 @@
-"""The launch plan of one prefill call, as ``include/sparse_mla/sm90/prefill/launch.cuh`` sees it.
+"""The launch plan of one prefill call, and its launch (``include/sparse_mla/entry.cuh``).
 
-Hopper check -> kernel key -> module (compiled on first use) -> token groups or tail split plan ->
-scratch workspace -> launch(es) on the caller's current CUDA stream. The arguments were validated by
-:mod:`sparse_mla.validate`; nothing here synchronizes the device.
+A call's plan (:class:`Plan`) is decided from its shape, its GPU and its mode alone, never from tensor
+values, once per (shape, device, mode): which module entry runs (an ordinary call, a tail split, token
+groups), which tiles it launches and what scratch memory it takes. :func:`launch` looks the plan up,
+allocates that scratch memory from torch's caching allocator on the current stream and crosses into
+the module once; the module launches on the caller's current CUDA stream. The arguments were
+validated by :mod:`sparse_mla.validate`; nothing here synchronizes the device or waits for it.
 
 Token groups (``include/sparse_mla/sm90/prefill/token_groups/``): with at most 32 heads, a 64-row
 tile of one token is mostly empty, and adjacent tokens of a real indexer select mostly the same kv rows.
@@ -16,16 +19,17 @@ batch-invariant mode (a row's group depends on its position in the call).
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 import torch
 
+from sparse_mla.args import ENTRY_ARGS, PrefillArgs
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
-from sparse_mla.jit.key import GROUPED_CALL_FUNCTION
+from sparse_mla.jit.key import GROUPED_CALL_FUNCTION, SPLIT_CALL_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "group_size", "launch", "split_plan", "token_group_lists"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "split_plan", "token_group_lists"]
 
 
 class _Device(NamedTuple):
@@ -46,9 +50,8 @@ def _device(index: int) -> _Device:
     return device
 
 
-def check_hopper(device: torch.device) -> int:
-    """Raises unless ``device`` is an SM90 GPU; returns its index."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def check_hopper(index: int) -> int:
+    """Raises unless CUDA device ``index`` is an SM90 GPU; returns the index."""
     capability = _device(index).capability
     if capability != (9, 0):
         name = torch.cuda.get_device_name(index)
@@ -142,98 +145,92 @@ def num_sms(index: int) -> int:
     return _device(index).num_sms
 
 
+# Tiles, as launch.cuh picks them from a launch's head count and split: a split call runs the wide
+# tile, a grouped call the grouped tile and then, for the groups that run token by token, a narrow one.
+NARROW_TILES = ((NARROW_8_HEADS, "narrow8"), (NARROW_16_HEADS, "narrow16"), (NARROW_HEADS, "narrow32"))
+
+
+def _unsplit_tile(h_q: int) -> str:
+    return next((tile for heads, tile in NARROW_TILES if h_q <= heads), "wide")
+
+
+class Plan(NamedTuple):
+    """What one call launches, for its shape, GPU and mode.
+
+    ``entry``: the module function it calls (jit/key.py); ``tiles``: the prefill kernel's tiles it
+    launches, in order; ``split_begin``, ``split_parts``: the tail split (``split_plan``), the work items'
+    count and 1 without one; ``group_size``, ``max_union_ratio``: the token groups, 1 and 0.0 without.
+    Scratch memory: a split call takes ``split_parts`` parts of ``SPLIT_PART_FLOATS`` floats and one
+    counter per split item, a grouped call the pre-pass's lists (``token_group_lists``)."""
+
+    entry: str
+    tiles: tuple[str, ...]
+    split_begin: int
+    split_parts: int
+    group_size: int
+    max_union_ratio: float
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, token_groups: str = "auto") -> Plan:
+    """The plan of a call with these extents on a GPU of ``num_sms`` SMs. ``token_groups``: ``auto``,
+    ``always`` (every group grouped, save those in which a token selects a row more than once) or
+    ``never``; the batch-invariant mode never plans token groups nor a tail split."""
+    if token_groups not in env.TOKEN_GROUP_MODES:
+        raise ValueError(f"token_groups must be one of {', '.join(env.TOKEN_GROUP_MODES)}, got {token_groups!r}")
+    items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
+    group = group_size(h_q, topk) if token_groups != "never" and not batch_invariant else 1
+    if group > 1:
+        ratio = float("inf") if token_groups == "always" else max_union_ratio(h_q)
+        return Plan(GROUPED_CALL_FUNCTION, ("grouped", _unsplit_tile(h_q)), items, 1, group, ratio)
+    split_begin, split_parts = split_plan(items, num_sms, topk, batch_invariant, narrow=h_q <= NARROW_HEADS)
+    if split_parts > 1:
+        return Plan(SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0)
+    return Plan(ENTRY_FUNCTION, (_unsplit_tile(h_q),), items, 1, 1, 0.0)
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel_key(d_qk: int, topk: int) -> KernelKey:
     return KernelKey(d_qk=d_qk, topk=topk)  # built once per shape: the call path only looks it up
 
 
-def launch(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    q_scale: torch.Tensor,
-    kv_scale: torch.Tensor,
-    attn_sink: Optional[torch.Tensor],
-    topk_length: Optional[torch.Tensor],
-    out: torch.Tensor,
-    max_logits: torch.Tensor,
-    lse: torch.Tensor,
-    sm_scale: float,
-    batch_invariant: bool,
-    module: Any = None,
-    token_groups: Optional[str] = None,
-) -> None:
-    """Launches the kernel on validated arguments, writing ``out``, ``max_logits`` and ``lse``.
-
-    ``module`` is the kernel module to launch, by default the one of the call's (d_qk, topk) key;
-    ``benchmarks/ab.py`` passes modules built from other sources, to time them side by side.
-    ``token_groups``: ``auto``, ``always`` (every group grouped, save those in which a token selects a row
-    more than once) or ``never``; by default ``SPARSE_MLA_TOKEN_GROUPS`` (``auto``).
-    """
-    if q.shape[0] == 0:
-        return  # s_q = 0: empty outputs, nothing to launch
-    device_index = check_hopper(q.device)
-    topk = indices.shape[2]
-    if module is None:
-        module = get_module(_kernel_key(q.shape[2], topk))
-    s_q, h_q, _ = q.shape
-    mode = env.token_groups() if token_groups is None else token_groups
-    if mode not in env.TOKEN_GROUP_MODES:
-        raise ValueError(f"token_groups must be one of {', '.join(env.TOKEN_GROUP_MODES)}, got {mode!r}")
-    group = group_size(h_q, topk) if mode != "never" and not batch_invariant else 1
-    if group > 1:
-        _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                             sm_scale, group, every_group=mode == "always")
-        return
-    items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
-    split_begin, split_parts = split_plan(items, num_sms(device_index), indices.shape[2], batch_invariant,
-                                          narrow=h_q <= NARROW_HEADS)
-    workspace = counters = None
-    if split_parts > 1:
-        # Per call, from torch's caching allocator on the current stream: a concurrent call on another
-        # stream gets its own. The module zeroes the counters in a kernel ahead of the prefill kernel's
-        # launch, which a CUDA graph captures with it, so every replay starts from zero.
-        workspace = q.new_empty((items - split_begin, split_parts, SPLIT_PART_FLOATS), dtype=torch.float32)
-        counters = q.new_empty((items - split_begin,), dtype=torch.int32)
-    getattr(module, ENTRY_FUNCTION)(
-        q,
-        kv,
-        indices,
-        _scalar(q_scale),
-        _scalar(kv_scale),
-        attn_sink,
-        topk_length,
-        out,
-        max_logits,
-        lse,
-        sm_scale,
-        split_begin,
-        split_parts,
-        workspace,
-        counters,
-        1,
-        None,
-        None,
-        None,
-        None,
-        False,
-    )
+@functools.lru_cache(maxsize=4096)
+def _planned_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int, batch_invariant: bool,
+                   token_groups: str) -> tuple[Plan, Callable[..., None]]:
+    """The plan and the module function of a call, decided on its first call (the Hopper check and the
+    kernel's module, compiled on its very first use, included): later calls of the shape look them up."""
+    num = num_sms(check_hopper(device_index))
+    call_plan = plan(s_q, h_q, topk, num, batch_invariant, token_groups)
+    return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
 
 
-def _scalar(scale: torch.Tensor) -> torch.Tensor:
-    return scale if scale.dim() == 1 else scale.reshape(1)  # the entry takes shape [1]
+def launch(args: PrefillArgs) -> None:
+    """Plans and launches a validated call, writing ``args.out``, ``args.max_logits`` and ``args.lse``."""
+    s_q, h_q, d_qk = args.q.shape
+    if s_q == 0:
+        return  # empty outputs, nothing to launch
+    call_plan, function = _planned_entry(args.q.get_device(), d_qk, s_q, h_q, args.indices.shape[2],
+                                         args.batch_invariant, env.token_groups())
+    execute(call_plan, function, args)
 
 
-def _launch_token_groups(module, q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
-                         sm_scale: float, group: int, every_group: bool) -> None:
-    """The pre-pass, then the grouped launch and the launch of the other groups' tokens, without a tail
-    split, in one call into the module. The lists are per call, from torch's caching allocator on the
-    current stream (CUDA-graph safe)."""
-    s_q, h_q, _ = q.shape
-    lists = token_group_lists(q.device, s_q, group, indices.shape[2])
-    ratio = float("inf") if every_group else max_union_ratio(h_q)
-    getattr(module, GROUPED_CALL_FUNCTION)(q, kv, indices, _scalar(q_scale), _scalar(kv_scale), attn_sink, topk_length,
-                                           out, max_logits, lse, sm_scale, group, ratio, *lists)
+def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) -> None:
+    """Calls ``function``, the module entry ``call_plan.entry``, on ``args`` with the plan's scratch
+    memory: per call, from torch's caching allocator on the current stream, so that a concurrent call on
+    another stream gets its own and a CUDA graph captures it. The module zeroes the counters in a kernel
+    ahead of the prefill kernel's launch, which a CUDA graph captures with it, so every replay starts
+    from zero."""
+    if call_plan.split_parts > 1:
+        q = args.q
+        split_items = q.shape[0] * ((q.shape[1] + HEAD_BLOCK - 1) // HEAD_BLOCK) - call_plan.split_begin
+        workspace = q.new_empty((split_items, call_plan.split_parts, SPLIT_PART_FLOATS), dtype=torch.float32)
+        counters = q.new_empty((split_items,), dtype=torch.int32)
+        function(*args[:ENTRY_ARGS], call_plan.split_begin, call_plan.split_parts, workspace, counters)
+    elif call_plan.group_size > 1:
+        lists = token_group_lists(args.q.device, args.q.shape[0], call_plan.group_size, args.indices.shape[2])
+        function(*args[:ENTRY_ARGS], call_plan.group_size, call_plan.max_union_ratio, *lists)
+    else:
+        function(*args[:ENTRY_ARGS])
 
 
 def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:

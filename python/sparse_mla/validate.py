@@ -108,6 +108,10 @@ def _not_a_tensor(name: str, value) -> str:
     return message
 
 
+_TENSOR = torch.Tensor
+_FP8, _I32, _F32, _BF16 = torch.float8_e4m3fn, torch.int32, torch.float32, torch.bfloat16
+
+
 def validate_prefill_args(
     q,
     kv,
@@ -123,6 +127,61 @@ def validate_prefill_args(
     lse,
 ) -> None:
     """Raise TypeError/ValueError naming the first argument that breaks the contract."""
+    if not _plainly_valid(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
+                          lse):
+        _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse)
+
+
+def _plainly_valid(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+                   cuda: bool = True) -> bool:
+    """True only for a call that passes every check of ``_check_in_order``, in fewer steps: plain tensors
+    on one CUDA device, contiguous preallocated outputs, a float sm_scale. Anything else (a tensor
+    subclass, a strided output, an int sm_scale, a fault) returns False and takes the ordered checks,
+    which accept it or name its first fault. ``cuda=False`` asks the same of CPU tensors (for tests)."""
+    if type(sm_scale) is not float or not -MAX_SM_SCALE <= sm_scale <= MAX_SM_SCALE or type(d_v) is not int or d_v != D_V:
+        return False
+    if (type(q) is not _TENSOR or type(kv) is not _TENSOR or type(indices) is not _TENSOR
+            or type(q_scale) is not _TENSOR or type(kv_scale) is not _TENSOR):
+        return False
+    device = q.get_device()
+    if (q.is_cuda is not cuda or kv.is_cuda is not cuda or indices.is_cuda is not cuda or q_scale.is_cuda is not cuda
+            or kv_scale.is_cuda is not cuda or kv.get_device() != device or indices.get_device() != device
+            or q_scale.get_device() != device or kv_scale.get_device() != device):
+        return False
+    if (q.dtype is not _FP8 or kv.dtype is not _FP8 or indices.dtype is not _I32 or q_scale.dtype is not _F32
+            or kv_scale.dtype is not _F32):
+        return False
+    q_shape, kv_shape, indices_shape = q.shape, kv.shape, indices.shape
+    if len(q_shape) != 3 or len(kv_shape) != 3 or len(indices_shape) != 3:
+        return False
+    s_q, h_q, d_qk = q_shape
+    s_kv, h_kv, kv_d_qk = kv_shape
+    topk = indices_shape[2]
+    if (d_qk not in SUPPORTED_D_QK or h_kv != H_KV or kv_d_qk != d_qk or indices_shape[0] != s_q
+            or indices_shape[1] != H_KV or not 1 <= h_q <= INT32_MAX or not 1 <= s_kv <= INT32_MAX
+            or not 1 <= topk <= INT32_MAX or s_q > INT32_MAX or s_q * -(-h_q // HEAD_BLOCK) > MAX_WORK_ITEMS
+            or q_scale.numel() != 1 or kv_scale.numel() != 1):
+        return False
+    q_strides, kv_strides = q.stride(), kv.stride()
+    if (q_strides[2] != 1 or (s_q > 1 and q_strides[0] % ROW_ALIGNMENT) or (h_q > 1 and q_strides[1] % ROW_ALIGNMENT)
+            or kv_strides[2] != 1 or (s_kv > 1 and kv_strides[0] % ROW_ALIGNMENT) or not indices.is_contiguous()):
+        return False
+    return ((attn_sink is None or _plain(attn_sink, cuda, device, _F32, (h_q,)))
+            and (topk_length is None or _plain(topk_length, cuda, device, _I32, (s_q,)))
+            and (out is None or _plain(out, cuda, device, _BF16, (s_q, h_q, D_V)))
+            and (max_logits is None or _plain(max_logits, cuda, device, _F32, (s_q, h_q)))
+            and (lse is None or _plain(lse, cuda, device, _F32, (s_q, h_q))))
+
+
+def _plain(t, cuda: bool, device: int, dtype: torch.dtype, shape: tuple) -> bool:
+    """A plain contiguous tensor of this dtype and shape on the device (contiguous: no self-overlap)."""
+    return (type(t) is _TENSOR and t.is_cuda is cuda and t.get_device() == device and t.dtype is dtype
+            and t.shape == shape and t.is_contiguous())
+
+
+def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
+                    lse) -> None:
+    """Every check, in the documented order: raises on the first fault."""
     tensors = (
         ("q", q),
         ("kv", kv),
@@ -240,14 +299,20 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + extent * t.element_size()
 
 
+def check_row_alignment(q: torch.Tensor, kv: torch.Tensor) -> None:
+    """q and kv start at 16-byte aligned addresses; needs real (not fake) tensors."""
+    if q.data_ptr() % ROW_ALIGNMENT or kv.data_ptr() % ROW_ALIGNMENT:
+        for name, tensor in (("q", q), ("kv", kv)):
+            if tensor.data_ptr() % ROW_ALIGNMENT:
+                _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
+
+
 def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str, torch.Tensor]) -> None:
     """Alignment of q/kv and aliasing of the caller's preallocated outputs; needs real (not fake)
     tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
-    for name in ("q", "kv"):
-        tensor = inputs[name]
-        assert tensor is not None  # required arguments, validated before
-        if tensor.data_ptr() % ROW_ALIGNMENT:
-            _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
+    q, kv = inputs["q"], inputs["kv"]
+    assert q is not None and kv is not None  # required arguments, validated before
+    check_row_alignment(q, kv)
     if not outputs:
         return
     spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]

@@ -38,6 +38,11 @@ def common():
     return _benchmark_script("common")
 
 
+@pytest.fixture(scope="session")
+def overhead():
+    return _benchmark_script("overhead")
+
+
 @pytest.fixture
 def no_compiler(monkeypatch):
     """Fails the test if anything reaches the JIT (key building, cache lookup, compile)."""

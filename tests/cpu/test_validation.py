@@ -15,6 +15,7 @@ import torch
 
 from fake_tensors import fake_cuda, valid_args
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import env
 from sparse_mla.validate import HEAD_BLOCK, INT32_MAX, MAX_WORK_ITEMS, check_pointers, validate_prefill_args
 
@@ -360,7 +361,8 @@ def test_a_gpu_that_is_not_hopper_is_refused_before_the_jit(monkeypatch):
                         lambda index: SimpleNamespace(major=8, minor=0, multi_processor_count=108))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(launch, "get_module", lambda key: pytest.fail("reached the JIT"))
-    args = valid_args()
+    args = valid_args(outputs=True)
+    call = PrefillArgs(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], None, None,
+                       args["out"], args["max_logits"], args["lse"], 0.04)
     with pytest.raises(UnsupportedGPUError, match=r"needs an SM90 \(Hopper.*A100-SXM4-80GB, compute capability 8.0"):
-        launch.launch(args["q"], args["kv"], args["indices"], args["q_scale"], args["kv_scale"], None, None,
-                      None, None, None, 0.04, False)
+        launch.launch(call)

@@ -1,6 +1,7 @@
 """Property-based validation: random valid calls pass; a random valid call with one rule broken for
 one argument (its device, dtype, rank, type or layout) raises ValueError/TypeError naming that
-argument, and never takes a step towards the compiler; output aliasing is detected exactly."""
+argument, and never takes a step towards the compiler; the checks' shortcut for plain calls accepts
+every valid call and nothing the ordered checks refuse; output aliasing is detected exactly."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from fake_tensors import fake_cuda, valid_args
 from seeds import hypothesis_run
 from sparse_mla import api, launch
+from sparse_mla import validate
 from sparse_mla.validate import EXPECTED_DTYPES, check_pointers, validate_prefill_args
 
 TENSORS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
@@ -101,6 +103,33 @@ def test_broken_calls_raise_the_documented_exception_and_never_compile(data):
     # other tensor is named as not being on q's device.
     named = re.match(rf"{expected_name}(?![a-z_])", message) or (expected_name == "q" and "on q's device" in message)
     assert named, (expected_name, message)
+
+
+def _cpu_twins(args: dict) -> dict:
+    """The call with each fake CUDA tensor replaced by a CPU tensor of its dtype, shape and strides: what
+    the shortcut reads of a tensor, save its device (``cuda=False`` asks it of CPU tensors)."""
+    return {name: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+            for name, v in args.items()}
+
+
+@SETTINGS
+@given(valid_calls())
+def test_the_shortcut_takes_every_valid_call(args):
+    """Valid calls with contiguous outputs and a float sm_scale (all of valid_calls'): the common call
+    never runs the ordered checks."""
+    assert validate._plainly_valid(**_cpu_twins(args), cuda=False)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_the_shortcut_accepts_nothing_the_ordered_checks_refuse(data):
+    args = data.draw(valid_calls())
+    if data.draw(st.booleans()):
+        _mutate(data.draw, args)
+    # A tensor moved to another device has a twin on the one CPU device: device rules are the GPU tier's.
+    assume(len({v.device for v in args.values() if isinstance(v, torch.Tensor)}) == 1)
+    if validate._plainly_valid(**_cpu_twins(args), cuda=False):
+        validate._check_in_order(**args)
 
 
 @SETTINGS

@@ -220,7 +220,8 @@ def test_tail_split_zeroes_its_own_counters(prefill_fwd, seed):
     """The launch zeroes the split counters itself (a kernel ahead of the prefill kernel, which waits for
     it only where it counts a part, launch.cuh): counters that would name every item's first part its
     last give the library call's bits, and end at the parts' count."""
-    from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, get_module
+    from sparse_mla.jit import KernelKey, get_module
+    from sparse_mla.jit.key import SPLIT_CALL_FUNCTION
     from sparse_mla.launch import SPLIT_PART_FLOATS, num_sms, split_plan
 
     s_q = _split_shape(3, 64, 1)
@@ -234,10 +235,10 @@ def test_tail_split_zeroes_its_own_counters(prefill_fwd, seed):
     workspace = torch.full((tail, parts, SPLIT_PART_FLOATS), float("nan"), device="cuda")
     counters = torch.full((tail,), parts - 1, dtype=torch.int32, device="cuda")
     got = poisoned_outputs(s_q, 64)
-    getattr(get_module(KernelKey(576, 2048)), ENTRY_FUNCTION)(
-        inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"].reshape(1), inputs["kv_scale"].reshape(1),
-        None, inputs["topk_length"], got["out"], got["max_logits"], got["lse"], inputs["sm_scale"], split_begin,
-        parts, workspace, counters, 1, None, None, None, None, False)
+    getattr(get_module(KernelKey(576, 2048)), SPLIT_CALL_FUNCTION)(
+        inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None,
+        inputs["topk_length"], got["out"], got["max_logits"], got["lse"], inputs["sm_scale"], split_begin, parts,
+        workspace, counters)
     for name, a in zip(("out", "max_logits", "lse"), expected):
         bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
         assert torch.equal(a.view(bits), got[name].view(bits)), f"{context}: {name} differs from the library call's"

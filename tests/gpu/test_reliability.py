@@ -158,14 +158,12 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
     out = torch.empty(8, 16, 512, dtype=torch.bfloat16, device="cuda")
     stats = [torch.empty(8, 16, device="cuda") for _ in range(2)]
 
+    base = dict(q=inputs["q"], kv=inputs["kv"], indices=inputs["indices"], q_scale=inputs["q_scale"],
+                kv_scale=inputs["kv_scale"], attn_sink=None, topk_length=None, out=out, max_logits=stats[0],
+                lse=stats[1], sm_scale=0.04)
+
     def call(**changes):
-        args = dict(q=inputs["q"], kv=inputs["kv"], indices=inputs["indices"], q_scale=inputs["q_scale"],
-                    kv_scale=inputs["kv_scale"], attn_sink=None, topk_length=None, out=out,
-                    max_logits=stats[0], lse=stats[1], sm_scale=0.04, split_begin=8, split_parts=1,
-                    split_workspace=None, split_counters=None, group_size=1, group_indices=None,
-                    group_masks=None, group_length=None, group_units=None, grouped=False)
-        args.update(changes)
-        module.prefill_fwd(*args.values())
+        module.prefill_fwd(*dict(base, **changes).values())
 
     with pytest.raises(ValueError, match=r"indices.shape\[2\] must be 64, got 100"):
         call()  # the topk-64 module fed topk-100 indices
@@ -179,38 +177,42 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(out=out[:, :, :256], indices=indices)
     with pytest.raises(ValueError, match="indices must be contiguous"):
         call(indices=inputs["indices"][:, :, :64])
+    with pytest.raises(ValueError, match="q_scale must have exactly one element"):
+        call(indices=indices, q_scale=torch.ones(2, device="cuda"))
     # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout,
     # the one the Python side allocates.
     from sparse_mla.launch import SPLIT_PART_FLOATS
 
     counters = torch.zeros(8, dtype=torch.int32, device="cuda")
+
+    def split(split_begin, split_parts, workspace):
+        module.prefill_split_fwd(*dict(base, indices=indices).values(), split_begin, split_parts, workspace, counters)
+
     with pytest.raises(ValueError, match="inconsistent tail split"):
-        call(indices=indices, split_begin=0, split_parts=2)  # no workspace
+        split(0, 1, torch.empty(8, 1, SPLIT_PART_FLOATS, device="cuda"))  # one part is no split
     with pytest.raises(ValueError, match="inconsistent tail split"):
-        call(indices=indices, split_begin=4, split_parts=1)  # unsplit items past split_begin
+        split(8, 2, torch.empty(0, 2, SPLIT_PART_FLOATS, device="cuda"))  # no item to split
     with pytest.raises(ValueError, match=rf"split_workspace.shape\[2\] must be {SPLIT_PART_FLOATS},"):
-        call(indices=indices, split_begin=0, split_parts=2,
-             split_workspace=torch.empty(8, 2, 1000, device="cuda"), split_counters=counters)
-    # Token groups: lists of the pre-pass's shapes, no tail split, and a grouped launch only with groups.
-    lists = dict(group_size=4, group_indices=torch.zeros(2, 256, dtype=torch.int32, device="cuda"),
+        split(0, 2, torch.empty(8, 2, 1000, device="cuda"))
+    # Token groups: lists of the pre-pass's shapes, in the only entry that takes them.
+    lists = dict(group_size=4, max_union_ratio=0.75, group_indices=torch.zeros(2, 256, dtype=torch.int32, device="cuda"),
                  group_masks=torch.zeros(2, 4, 4, dtype=torch.int64, device="cuda"),
                  group_length=torch.zeros(2, dtype=torch.int32, device="cuda"),
                  group_units=torch.zeros(2 + 2 + 8, dtype=torch.int32, device="cuda"))
+
+    def grouped(**changes):
+        module.prefill_token_groups_fwd(*dict(base, indices=indices).values(), *dict(lists, **changes).values())
+
     with pytest.raises(ValueError, match="inconsistent token groups: group_size 5 with h_q 16"):
-        call(indices=indices, **dict(lists, group_size=5))  # 5 x 16 rows do not fit a tile
-    with pytest.raises(ValueError, match="inconsistent token groups: group_size 4"):
-        call(indices=indices, **dict(lists, group_length=None))
+        grouped(group_size=5)  # 5 x 16 rows do not fit a tile
     with pytest.raises(ValueError, match=r"group_indices.shape\[1\] must be 256, got 128"):
-        call(indices=indices, **dict(lists, group_indices=lists["group_indices"][:, :128].contiguous()))
+        grouped(group_indices=lists["group_indices"][:, :128].contiguous())
     with pytest.raises(ValueError, match="group_masks has the wrong dtype"):
-        call(indices=indices, **dict(lists, group_masks=lists["group_indices"].view(2, 4, 64)))
+        grouped(group_masks=lists["group_indices"].view(2, 4, 64))
     with pytest.raises(ValueError, match=r"group_units.shape\[0\] must be 12, got 11"):
-        call(indices=indices, **dict(lists, group_units=lists["group_units"][:11]))
-    with pytest.raises(ValueError, match="token groups run without a tail split"):
-        call(indices=indices, grouped=True)
-    with pytest.raises(ValueError, match="token groups run without a tail split"):
-        call(indices=indices, split_begin=0, split_parts=2, split_workspace=torch.empty(8, 2, SPLIT_PART_FLOATS,
-             device="cuda"), split_counters=counters, **lists)
+        grouped(group_units=lists["group_units"][:11])
+    with pytest.raises(TypeError):
+        module.prefill_fwd(*dict(base, indices=indices).values(), *lists.values())  # no lists but the grouped call's
     torch.cuda.synchronize()  # nothing was launched with bad arguments, the context is healthy
 
 

@@ -108,12 +108,16 @@ def test_a_fresh_process_warms_up_from_the_prebuilt_modules_without_a_compiler_o
 # Every entry call of the launch plan, made on the real module with CPU tensors: the module checks its
 # arity before anything else (a TypeError names the signature) and then refuses the tensors (a
 # ValueError), so a plan that passes an entry the wrong arguments fails here, with no GPU. The GPU
-# tier calls the same plans, but the CPU tier's launch tests run on a stand-in module.
+# tier calls the same plans, but the CPU tier's launch tests run on a stand-in module. Then the
+# grouped tile's reach: only the grouped call's entry takes the token groups' lists (which its own
+# pre-pass writes), so an ordinary or split entry called with lists and a grouped flag, as the
+# entry of earlier builds took them, is refused by its arity.
 _ENTRY_CALLS_SCRIPT = """
 import torch
-import tvm_ffi
 from sparse_mla import launch
+from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import get_module, KernelKey
+from sparse_mla.testing import launch_with_module
 
 class Recorder:
     def __init__(self, module):
@@ -127,20 +131,28 @@ class Recorder:
                 self.calls.append(f"{name}: {refused}")
         return call
 
-launch.check_hopper = lambda device: 0
+launch.check_hopper = lambda index: 0
 launch.num_sms = lambda index: 132
 module = get_module(KernelKey(576, 2048))
 kv = torch.zeros(4096, 1, 576).to(torch.float8_e4m3fn)
 scale = torch.ones(1)
-for h_q, s_q, mode in ((64, 300, "never"), (128, 8, "never"), (16, 300, "auto"), (16, 300, "always")):
+for h_q, s_q, mode in ((64, 200, "never"), (64, 300, "never"), (128, 8, "never"), (16, 300, "auto"),
+                       (16, 300, "always")):
     q = torch.zeros(s_q, h_q, 576).to(torch.float8_e4m3fn)
     indices = torch.zeros(s_q, 1, 2048, dtype=torch.int32)
     out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
     max_logits, lse = torch.empty(s_q, h_q), torch.empty(s_q, h_q)
     recorder = Recorder(module)
-    launch.launch(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04, False,
-                  module=recorder, token_groups=mode)
-    print(h_q, mode, "|".join(recorder.calls))
+    launch_with_module(recorder, PrefillArgs(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04),
+                       token_groups=mode)
+    print(h_q, s_q, mode, "|".join(recorder.calls))
+lists = launch.token_group_lists(q.device, s_q, 4, 2048)
+for name, extra in (("prefill_fwd", (s_q, 1, None, None)), ("prefill_split_fwd", (0, 2, None, None))):
+    try:
+        getattr(module, name)(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04, *extra, 4, *lists,
+                              True)
+    except TypeError:
+        print(name, "refuses the token groups' lists")
 """
 
 
@@ -152,6 +164,9 @@ def test_the_launch_plans_call_the_real_entries_with_their_arity(prebuilt):
                             env=environment, timeout=300)
     assert result.returncode == 0, result.stderr
     prefill = "prefill_fwd: q must be a CUDA tensor"
+    split = "prefill_split_fwd: q must be a CUDA tensor"
     grouped = "prefill_token_groups_fwd: q must be a CUDA tensor"  # the pre-pass and both launches, in one call
-    assert result.stdout.splitlines() == [f"64 never {prefill}", f"128 never {prefill}", f"16 auto {grouped}",
-                                          f"16 always {grouped}"], result.stdout
+    assert result.stdout.splitlines() == [
+        f"64 200 never {prefill}", f"64 300 never {split}", f"128 8 never {split}", f"16 300 auto {grouped}",
+        f"16 300 always {grouped}", "prefill_fwd refuses the token groups' lists",
+        "prefill_split_fwd refuses the token groups' lists"], result.stdout

@@ -37,7 +37,14 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sparse_mla.errors import CacheError, JITDisabledError, KernelBuildError, KernelLoadError, SparseMLAError
+from sparse_mla.errors import (
+    CacheError,
+    JITDisabledError,
+    KernelBuildError,
+    KernelLaunchError,
+    KernelLoadError,
+    SparseMLAError,
+)
 from sparse_mla.jit import env, store
 from sparse_mla.jit.build import (
     BuildResult,
@@ -47,13 +54,15 @@ from sparse_mla.jit.build import (
     describe_failure,
     file_sha256,
 )
-from sparse_mla.jit.key import KEY_FUNCTION, KernelKey
+from sparse_mla.jit.key import KEY_FUNCTION, LAUNCH_ERROR_KIND, KernelKey
 from sparse_mla.jit.log import logger
 
 
-def _load_tvm_module(so_path: Path) -> Any:
+def load_tvm_module(so_path: Path) -> Any:
+    """The tvm-ffi module at ``so_path``, its refused launches raising KernelLaunchError."""
     import tvm_ffi
 
+    tvm_ffi.register_error(LAUNCH_ERROR_KIND, KernelLaunchError)
     return tvm_ffi.load_module(str(so_path))
 
 
@@ -64,7 +73,7 @@ class KernelCache:
     def __init__(
         self,
         builder: Callable[[BuildSpec, Path], BuildResult] = compile_module,
-        loader: Callable[[Path], Any] = _load_tvm_module,
+        loader: Callable[[Path], Any] = load_tvm_module,
         spec_for: Callable[[KernelKey], BuildSpec] = build_spec,
     ) -> None:
         self._builder = builder

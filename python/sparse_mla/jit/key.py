@@ -12,11 +12,15 @@ import dataclasses
 SUPPORTED_D_QK = (512, 576)
 SUPPORTED_ARCHS = ("sm90a",)
 
-# Names the module exports (see generated_source); the loader calls them by these names.
-ENTRY_FUNCTION = "prefill_fwd"
-TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass (sm90/prefill/token_groups/)
+# Names the module exports (see generated_source); the launch plan calls them by these names.
+ENTRY_FUNCTION = "prefill_fwd"  # an ordinary call: every work item whole, no token groups
+SPLIT_CALL_FUNCTION = "prefill_split_fwd"  # a call with a tail split
 GROUPED_CALL_FUNCTION = "prefill_token_groups_fwd"  # a token-grouped call: the pre-pass and both launches
+TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass alone (sm90/prefill/token_groups/)
 KEY_FUNCTION = "kernel_key"
+# The tvm-ffi error kind of a launch the CUDA runtime refused (include/sparse_mla/entry.cuh, check_launch);
+# the loader maps it to sparse_mla.errors.KernelLaunchError.
+LAUNCH_ERROR_KIND = "SparseMLAKernelLaunchError"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +58,14 @@ def generated_source(key: KernelKey) -> str:
 
 namespace {{
 constexpr auto prefill_fwd = &sparse_mla::prefill_fwd<{key.d_qk}, {key.topk}>;
+constexpr auto prefill_split_fwd = &sparse_mla::prefill_split_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto token_groups_fwd = &sparse_mla::token_groups_fwd<{key.topk}>;
 constexpr auto prefill_token_groups_fwd = &sparse_mla::prefill_token_groups_fwd<{key.d_qk}, {key.topk}>;
 tvm::ffi::String kernel_key() {{ return "{key.name}"; }}
 }}  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({ENTRY_FUNCTION}, prefill_fwd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({SPLIT_CALL_FUNCTION}, prefill_split_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({TOKEN_GROUPS_FUNCTION}, token_groups_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({GROUPED_CALL_FUNCTION}, prefill_token_groups_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({KEY_FUNCTION}, kernel_key);

@@ -12,6 +12,8 @@
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 - `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
+- `load_module`, `launch_with_module`, `PrefillArgs`: the package's launch plan run on a kernel module
+  built from other sources (A/B benchmarks).
 
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
@@ -36,6 +38,7 @@ from sparse_mla.testing.inputs import (
     quantize_fp8,
     random_indices,
 )
+from sparse_mla.testing.modules import PrefillArgs, launch_with_module, load_module
 from sparse_mla.testing.numerics import (
     ErrorModel,
     default_out_tolerance,
@@ -57,6 +60,7 @@ __all__ = [
     "OUT_TOL",
     "PRESETS",
     "ErrorModel",
+    "PrefillArgs",
     "IndexOverlap",
     "assert_close_to_reference",
     "default_out_tolerance",
@@ -65,6 +69,8 @@ __all__ = [
     "index_overlap_stats",
     "interleaved_median_ms",
     "interleaved_waiting_median_ms",
+    "launch_with_module",
+    "load_module",
     "logit_error_bound",
     "make_inputs",
     "median_time_ms",
