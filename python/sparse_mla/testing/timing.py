@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -68,23 +68,16 @@ def interleaved_median_ms(
     kernel, at 0.4 ms. ``warmup`` untimed turns come first; an L2 flush precedes every timed call, as in
     `median_time_ms`.
     """
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
-    names = list(calls)
-    order = random.Random(0)
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    events: dict[str, list] = {name: [] for name in names}
-    for _ in range(iters):
-        for name in order.sample(names, len(names)):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush.zero_()
-            start.record()
-            calls[name]()
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize(device)
-    return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) for name, pairs in events.items()}
+
+    def events(call: Callable[[], object]) -> tuple:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        return start, end
+
+    pairs = _interleaved(calls, events, iters=iters, warmup=warmup, flush_bytes=flush_bytes, device=device)
+    return {name: statistics.median(s.elapsed_time(e) for s, e in timed) for name, timed in pairs.items()}
 
 
 def interleaved_waiting_median_ms(
@@ -104,19 +97,33 @@ def interleaved_waiting_median_ms(
     every turn as there, and the L2 flush (and its completion) precedes every timed call, outside the
     timed span.
     """
+
+    def waiting(call: Callable[[], object]) -> float:
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    times = _interleaved(calls, waiting, iters=iters, warmup=warmup, flush_bytes=flush_bytes, device=device)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _interleaved(calls: dict[str, Callable[[], object]], time_call: Callable[[Callable[[], object]], Any], *,
+                 iters: int, warmup: int, flush_bytes: int, device: str | torch.device) -> dict[str, list]:
+    """``time_call(call)`` of each of ``calls``, ``iters`` times, one of each in turn in a new random
+    order every turn (seeded), an L2 flush before each, after ``warmup`` untimed turns; returns each
+    call's results once the device is idle."""
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
     names = list(calls)
     order = random.Random(0)
     for _ in range(warmup):
         for call in calls.values():
             call()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    results: dict[str, list] = {name: [] for name in names}
     for _ in range(iters):
         for name in order.sample(names, len(names)):
             flush.zero_()
-            torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            calls[name]()
-            torch.cuda.synchronize(device)
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+            results[name].append(time_call(calls[name]))
+    torch.cuda.synchronize(device)
+    return results
