@@ -37,7 +37,7 @@ def strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group()), text, flags=re.S)
 
 
-def _closing(text: str, i: int) -> int:
+def closing_bracket(text: str, i: int) -> int:
     """The index of the bracket that closes the one at text[i]."""
     pairs = {"(": ")", "[": "]", "{": "}"}
     stack = []
@@ -107,13 +107,15 @@ class Function:
         self.name = name
         bodies = []
         for m in re.finditer(rf"\b{re.escape(name)}\s*\(", self.source.text):
-            close = _closing(self.source.text, m.end() - 1)
+            close = closing_bracket(self.source.text, m.end() - 1)
             after = re.match(r"\s*(const\s*)?\{", self.source.text[close + 1:])
             if after and not re.search(r"[=;,(]\s*$", self.source.text[:m.start()]):  # a definition
                 bodies.append(close + after.end())
         assert len(bodies) > index, f"no definition {index} of {name}"
         brace = bodies[index] - 1
-        self.body = self._block(brace + 1, _closing(self.source.text, brace))
+        close = closing_bracket(self.source.text, brace)
+        self.body_text = self.source.text[brace + 1:close]  # comments blanked
+        self.body = self._block(brace + 1, close)
 
     def _block(self, i, end):
         text, nodes = self.source.text, []
@@ -127,12 +129,12 @@ class Function:
             elif m := re.match(r"(while|do|switch|break|goto)\b", text[i:]):
                 raise ValueError(f"{self.source.line(i)}: {m.group(1)}: a statement kernel_source.py does not walk")
             elif text[i] == "{":
-                close = _closing(text, i)
+                close = closing_bracket(text, i)
                 nodes.append(self._block(i + 1, close))
                 i = close + 1
             elif m := re.match(r"if\s*(constexpr\s*)?\(", text[i:]):
                 open_ = i + m.end() - 1
-                close = _closing(text, open_)
+                close = closing_bracket(text, open_)
                 then, i = self._statement(close + 1, end)
                 orelse = []
                 if m2 := re.match(r"\s*else\b", text[i:]):
@@ -140,7 +142,7 @@ class Function:
                 nodes.append(If(Stmt(text[open_ + 1:close], open_ + 1), then, orelse))
             elif m := re.match(r"for\s*\(", text[i:]):
                 open_ = i + m.end() - 1
-                close = _closing(text, open_)
+                close = closing_bracket(text, open_)
                 body, i = self._statement(close + 1, end)
                 nodes.append(For(" ".join(text[open_ + 1:close].split()), body))
             else:
@@ -152,7 +154,7 @@ class Function:
         while self.source.text[i].isspace():
             i += 1
         if self.source.text[i] == "{":
-            close = _closing(self.source.text, i)
+            close = closing_bracket(self.source.text, i)
             return self._block(i + 1, close), close + 1
         j = self._end_of_statement(i, end)
         return self._block(i, j), j
@@ -161,14 +163,14 @@ class Function:
         text = self.source.text
         if re.match(r"(if|for)\b", text[i:]):  # nested control statement: its own extent
             m = re.match(r"(if\s*(constexpr\s*)?|for\s*)\(", text[i:])
-            close = _closing(text, i + m.end() - 1)
+            close = closing_bracket(text, i + m.end() - 1)
             _, j = self._statement(close + 1, end)
             if m.group(1).startswith("if") and (m2 := re.match(r"\s*else\b", text[j:])):
                 _, j = self._statement(j + m2.end(), end)
             return j
         j = i
         while text[j] != ";":
-            j = _closing(text, j) + 1 if text[j] in "([{" else j + 1
+            j = closing_bracket(text, j) + 1 if text[j] in "([{" else j + 1
         return j + 1
 
     def _simple(self, i, end):
@@ -176,7 +178,7 @@ class Function:
         text = self.source.text[i:j]
         if m := re.match(r"(const\s+)?auto\s+(\w+)\s*=\s*\[[^\]]*\]\s*(\([^)]*\))?\s*\{", text):
             brace = i + m.end() - 1
-            return Lambda(m.group(2), self._block(brace + 1, _closing(self.source.text, brace))), j
+            return Lambda(m.group(2), self._block(brace + 1, closing_bracket(self.source.text, brace))), j
         if m := re.match(r"(return|continue)\b", text):
             return Exit(m.group(1), Stmt(text, i)), j
         return Stmt(text, i), j
@@ -242,12 +244,12 @@ class _Walk:
                     continue  # an address: the call it is passed to accesses the buffer
                 j = m.end()
                 while j < len(text) and text[j:].lstrip().startswith("["):
-                    j = _closing(text, text.index("[", j)) + 1
+                    j = closing_bracket(text, text.index("[", j)) + 1
                 stored = re.match(r"\s*=(?!=)", text[j:])
                 self.ops.append(Op("st.shared" if stored else "ld.shared", m.group("member"), line))
                 continue
             name = m.group("call")
-            close = _closing(text, m.end() - 1)
+            close = closing_bracket(text, m.end() - 1)
             args = text[m.end():close]
             if name == "smem_addr":
                 pass  # an address, as above
