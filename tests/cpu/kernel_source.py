@@ -6,8 +6,9 @@ nodes of their own; any other statement is its text. `sync_path(...)` then walks
 - a statement yields its operations (OPERATIONS below) in the order they appear in its text, the
   arguments of a call before the call;
 - an `if` whose branches hold no operation, return or continue is skipped; any other is decided by
-  the caller's table, keyed by the condition's text (whitespace collapsed): an `if` nobody decided is
-  an error, so a new branch around an operation must be decided by whoever adds it;
+  the caller's table, keyed by the condition's text (whitespace collapsed), or by each operand of a
+  condition `a && b` (its operations only where the operands before it held): an `if` nobody
+  decided is an error, so a new branch around an operation must be decided by whoever adds it;
 - a `for` runs once, or as often as the caller's table says for its header;
 - a lambda's body is walked where it is called;
 - while, do, switch, break and goto are errors (the kernel's role functions have none).
@@ -222,6 +223,7 @@ class _Walk:
     loops: dict  # for header -> (variable, count or callable(env))
     env: dict
     calls: tuple  # names of functions whose calls are operations of their own ("call", name)
+    not_modelled: frozenset = frozenset(NOT_MODELLED)
     ops: list = field(default_factory=list)
     lambdas: dict = field(default_factory=dict)
     aliases: dict = field(default_factory=dict)  # local name -> shared member its address points into
@@ -284,14 +286,15 @@ class _Walk:
                 stored = re.match(r"\s*=(?!=)", text[close + 1:])
                 self.ops.append(Op("st.shared" if stored else "ld.shared", member.group(1), line))
             else:  # a call of no synchronization of its own: only its arguments
-                if _LOOKS_LIKE_SYNC.search(name) and name not in NOT_MODELLED:
+                if _LOOKS_LIKE_SYNC.search(name) and name not in self.not_modelled:
                     raise ValueError(f"{line}: {name}: an operation kernel_source.py does not read")
                 self.text_ops(args, offset + m.end())
             i = close + 1
 
     def has_effect(self, nodes):
         """Whether walking nodes could add an operation or leave (an if around nothing is skipped)."""
-        probe = _Walk(self.source, {}, {}, {}, self.calls, lambdas=self.lambdas, aliases=dict(self.aliases), probing=True)
+        probe = _Walk(self.source, {}, {}, {}, self.calls, self.not_modelled, lambdas=self.lambdas,
+                      aliases=dict(self.aliases), probing=True)
         for node in _flatten(nodes):
             if isinstance(node, Exit):
                 return True
@@ -300,6 +303,21 @@ class _Walk:
             elif isinstance(node, Lambda):
                 probe.lambdas[node.name] = node.body
         return bool(probe.ops)
+
+    def condition(self, cond):
+        """Whether the branch is taken: the table's value for the condition, or for each operand of
+        a condition `a && b ...`, evaluated as C++ does (an operand's operations happen only where
+        the operands before it were true)."""
+        text = " ".join(cond.text.split()).removeprefix("constexpr ")
+        operands = [text] if text in self.decide else [o.strip() for o in _top_level_split(text, "&&")]
+        for operand in operands:
+            if operand not in self.decide:
+                raise KeyError(f"{self.source.line(cond.offset)}: undecided: if ({text})")
+            self.text_ops(operand, cond.offset)
+            taken = self.decide[operand]
+            if not (taken(self.env) if callable(taken) else taken):
+                return False
+        return True
 
     def walk(self, nodes):
         """Walks nodes; returns "return" or "continue" where one was reached."""
@@ -315,17 +333,10 @@ class _Walk:
                 self.text_ops(re.sub(r"^(return|continue)\b", "", node.stmt.text), node.stmt.offset)
                 return node.kind
             elif isinstance(node, If):
-                self.text_ops(node.cond.text, node.cond.offset)
                 if not (self.has_effect(node.then) or self.has_effect(node.orelse)):
+                    self.text_ops(node.cond.text, node.cond.offset)
                     continue
-                cond = " ".join(node.cond.text.split())
-                if cond.startswith("constexpr "):
-                    cond = cond[len("constexpr "):]
-                if cond not in self.decide:
-                    raise KeyError(f"{self.source.line(node.cond.offset)}: undecided: if ({cond})")
-                taken = self.decide[cond]
-                taken = taken(self.env) if callable(taken) else taken
-                if exit_ := self.walk(node.then if taken else node.orelse):
+                if exit_ := self.walk(node.then if self.condition(node.cond) else node.orelse):
                     return exit_
             elif isinstance(node, For):
                 if not self.has_effect(node.body):
@@ -338,6 +349,17 @@ class _Walk:
                     if self.walk(node.body) == "return":
                         return "return"
         return None
+
+
+def _top_level_split(text, separator):
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and text.startswith(separator, i):
+            parts.append(text[start:i])
+            start = i + len(separator)
+    return parts + [text[start:]]
 
 
 def _flatten(nodes):
@@ -354,10 +376,11 @@ def _flatten(nodes):
             yield node
 
 
-def sync_path(function: Function, decide=None, loops=None, env=None, calls=()) -> list[Op]:
+def sync_path(function: Function, decide=None, loops=None, env=None, calls=(), not_modelled=()) -> list[Op]:
     """The operations of one execution of `function`: each `if` around an operation decided by
     `decide`, each `for` around one run as often as `loops` says (else once), calls of `calls` kept as
-    one ("call", name) operation each."""
-    walk = _Walk(function.source, decide or {}, loops or {}, dict(env or {}), tuple(calls))
+    one ("call", name) operation each, calls of `not_modelled` read as none (besides NOT_MODELLED)."""
+    walk = _Walk(function.source, decide or {}, loops or {}, dict(env or {}), tuple(calls),
+                 frozenset(NOT_MODELLED) | frozenset(not_modelled))
     walk.walk(function.body)
     return walk.ops

@@ -44,8 +44,14 @@ def normalized(ops):
 
 def model_ops(events):
     """The model's events as operations: the buffer's name without its stage and block indices (a
-    wait_group: the groups it leaves in flight)."""
-    return [Op(e.op, str(e.pending) if e.op.endswith("wait_group") else re.sub(r"\[.*", "", e.target)) for e in events]
+    wait_group: the groups it leaves in flight; cp.async.wait_all: a commit, then wait_group 0)."""
+    ops = []
+    for e in events:
+        if e.op == "cp.async.wait_all":
+            ops += [Op("cp.async.commit_group"), Op("cp.async.wait_group", "0")]
+        else:
+            ops.append(Op(e.op, str(e.pending) if e.op.endswith("wait_group") else re.sub(r"\[.*", "", e.target)))
+    return ops
 
 
 def mismatch(source_ops, events):
@@ -95,12 +101,14 @@ class Case:
     loops: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     calls: tuple = ()
+    not_modelled: tuple = ()
     definition: int = 0  # which definition of an overloaded name
     then: object = None  # a Case whose path follows (a tail call to an overload)
 
     def source_ops(self, text=None):
         header = text if text is not None else (PREFILL / self.header).read_text()
-        ops = sync_path(Function(header, self.function, self.definition), self.decide, self.loops, self.env, self.calls)
+        ops = sync_path(Function(header, self.function, self.definition), self.decide, self.loops, self.env, self.calls,
+                        self.not_modelled)
         return ops + (self.then.source_ops(text if self.then.header == self.header else None) if self.then else [])
 
 
@@ -199,6 +207,18 @@ def producer_case(tile, n_pairs, unit_count=1, pair_base=1):
     })
 
 
+def run_producer_case(tile, units=(Unit("EF"), Unit(""), Unit("E"))):
+    """run_producer (producer.cuh): produce_unit for each unit (compared above), then, where the copies
+    arrive by themselves, the wait that no copy outlives its thread."""
+    def events():
+        after_units = [e for e in model.producer_events(ORDERS[tile], units) if e.op == "cp.async.wait_all"]
+        return [Event("call", "produce_unit", "produce_unit")] * len(units) + after_units
+
+    return Case("producer.cuh", "run_producer", model=events, calls=("produce_unit",),
+                loops={"; scheduler.has_work(); scheduler.advance()": ("unit", len(units))},
+                decide={"copies_arrive<TILE>()": tile == "narrow"})
+
+
 def store_outputs_case(tile):
     """store_outputs (epilogue.cuh), by consumer 0 (which computes the output scales)."""
     return Case("epilogue.cuh", "store_outputs", model=lambda: trace(lambda c: model._store_outputs(c, 0)), decide={
@@ -225,6 +245,33 @@ STORE_NARROW = Case("tiles/narrow.cuh", "store_outputs_narrow",
     "head >= num_heads": False,
 })
 
+def unit_loop_case(tile, units):
+    """The consumers' unit loop, each unit's mainloop, merge and epilogue a call (compared above):
+    prefill_kernel's (kernel.cuh; the grouped tile first waits for q_full and takes the unit the
+    producer wrote) or, for the narrow tile, run_narrow_consumers (tiles/narrow.cuh)."""
+    order = ORDERS[tile]
+    narrow = tile == "narrow"
+    mainloop = "run_narrow_mainloop" if narrow else "run_consumer_mainloop"
+
+    def events(monkeypatch):
+        monkeypatch.setattr(model, "_run_consumer_mainloop", marker(mainloop))
+        monkeypatch.setattr(model, "_merge_split_parts", marker("merge_split_parts"))
+        monkeypatch.setattr(model, "_store_outputs", marker("store_outputs"))
+        monkeypatch.setattr(model, "_store_outputs_narrow", marker("store_outputs_narrow"))
+        return model.consumer_events(order, units, 0)
+
+    return Case("tiles/narrow.cuh" if narrow else "kernel.cuh", "run_narrow_consumers" if narrow else "prefill_kernel",
+                model=events, calls=(mainloop, "merge_split_parts", "store_outputs", "store_outputs_narrow"),
+                not_modelled=("__syncthreads",),  # the barriers' initialisation, before the roles (not modelled)
+                loops={"; scheduler.has_work(); scheduler.advance()": ("unit", len(units))}, decide={
+        "threadIdx.x >= NUM_CONSUMER_THREADS": False,  # the consumers' role
+        "Traits::kNarrow": narrow,
+        "Traits::kGroups": tile == "grouped",
+        "scheduler.is_split_part()": lambda e: units[e["unit"]].split is not None,
+        "!merge_split_parts<D_QK>(params, ss, st, w)": lambda e: units[e["unit"]].split == "publishes",
+    })
+
+
 CASES = {
     **{f"softmax_to_probs {tile} {path}": softmax_case(tile, path == "exact")
        for tile in ("wide", "grouped") for path in ("exact", "fast")},
@@ -234,7 +281,12 @@ CASES = {
     **{f"run_narrow_mainloop {pairs}": narrow_mainloop_case(pairs) for pairs in ("", "E", "EF", "EFE")},
     **{f"produce_unit {tile} {n} pairs": producer_case(tile, n) for tile in ORDERS for n in (0, 1, 3)},
     "produce_unit wide, the first unit": producer_case("wide", 2, unit_count=0, pair_base=0),
+    **{f"run_producer {tile}": run_producer_case(tile) for tile in ORDERS},
     **{f"store_outputs {tile}": store_outputs_case(tile) for tile in ("wide", "grouped")},
+    "prefill_kernel wide": unit_loop_case("wide", (Unit("EFF", split="publishes"), Unit(""), Unit("E"),
+                                                   Unit("EF", split="merges"))),
+    "prefill_kernel grouped": unit_loop_case("grouped", (Unit("EF"), Unit(""), Unit("E"))),
+    "run_narrow_consumers": unit_loop_case("narrow", (Unit("EF"), Unit(""), Unit("E"))),
     "merge_split_parts": MERGE,
     "store_outputs_narrow": STORE_NARROW,
 }
@@ -298,6 +350,9 @@ MUTATIONS = {
     "split_last read before its barrier": ("merge_split_parts", _swap(
         "named_barrier_sync<kSplitMerge, NUM_CONSUMER_THREADS>();", "if (__shfl_sync(0xffffffffu, ss.split_last, 0) == 0)",
         after="ss.split_last = atomicAdd")),
+    "the grouped unit taken before the q_full wait": ("prefill_kernel grouped", _swap(
+        "mbarrier_wait(&ss.q_full, QStage(scheduler.unit_count()).phase);",
+        "w = scheduler.current_from_producer(ss.group_unit[scheduler.unit_count() % 2]);")),
     "the grouped tile's row masks read after Q.K^T's issue": ("run_consumer_mainloop grouped EF", _swap(
         "if constexpr (TileTraits<TILE>::kGroups) row_words = grouped_row_words(ss, stage.next().index, wg);",
         "if (!ONE_BLOCK || wg == 0) issue_qk(ss, stage.next().index, wg, s);")),
