@@ -28,6 +28,7 @@ class Op:
     op: str  # the model's Event.op: "mbarrier.wait", "st.shared", ...
     target: str = ""  # the shared buffer or barrier, without indices
     line: int = 0  # of the header, 1-based (0: not from a header)
+    name: str = ""  # the model's name of the statement (an Op made from a model event)
 
     def key(self):
         return self.op, self.target

@@ -34,12 +34,12 @@ def normalized(ops):
     for op in ops:
         if op.op in model.ACCESSES and out and out[-1][0][0] == op.op:
             out[-1][0] = (op.op, out[-1][0][1] | {op.target})
-            out[-1][1].append(op.line)
+            out[-1][1].append(op)
         elif op.op in model.ACCESSES:
-            out.append([(op.op, frozenset({op.target})), [op.line]])
+            out.append([(op.op, frozenset({op.target})), [op]])
         else:
-            out.append([op.key(), [op.line]])
-    return [(key, lines) for key, lines in out]
+            out.append([op.key(), [op]])
+    return [(key, members) for key, members in out]
 
 
 def model_ops(events):
@@ -48,9 +48,10 @@ def model_ops(events):
     ops = []
     for e in events:
         if e.op == "cp.async.wait_all":
-            ops += [Op("cp.async.commit_group"), Op("cp.async.wait_group", "0")]
+            ops += [Op("cp.async.commit_group", name=e.name), Op("cp.async.wait_group", "0", name=e.name)]
         else:
-            ops.append(Op(e.op, str(e.pending) if e.op.endswith("wait_group") else re.sub(r"\[.*", "", e.target)))
+            target = str(e.pending) if e.op.endswith("wait_group") else re.sub(r"\[.*", "", e.target)
+            ops.append(Op(e.op, target, name=e.name))
     return ops
 
 
@@ -61,16 +62,17 @@ def mismatch(source_ops, events):
 
 
 def side_by_side(source_ops, events):
-    """The source's operations, the model's events and the header lines of each source operation; "!!"
-    marks where they differ."""
+    """Row by row: the source's operation and its header lines, the model's event and the statement
+    it names; "!!" marks where they differ."""
     source, modelled = normalized(source_ops), normalized(model_ops(events))
     rows = []
     for s, m in zip_longest(source, modelled):
         show = lambda entry: "-" if entry is None else f"{entry[0][0]} {_target(entry[0][1])}"
         mark = "  " if s is not None and m is not None and s[0] == m[0] else "!!"
-        lines = "" if s is None else "line " + ",".join(map(str, sorted(set(s[1]))))
-        rows.append(f"{mark} {show(s):<44} {show(m):<44} {lines}")
-    return "source | model\n" + "\n".join(rows)
+        lines = "" if s is None else ",".join(dict.fromkeys(str(op.line) for op in s[1]))
+        names = "" if m is None else "; ".join(dict.fromkeys(op.name for op in m[1]))
+        rows.append(f"{mark} {show(s):<34} {lines:<8} {show(m):<34} {names}")
+    return "   source, header line                     | model, statement\n" + "\n".join(rows)
 
 
 def _target(t):
@@ -165,7 +167,7 @@ def narrow_mainloop_case(softmax, unit_count=1, pair_base=3, wg=0):
     unit = Unit(softmax)
 
     def events(monkeypatch):
-        monkeypatch.setattr(model, "_softmax_narrow", marker("softmax_narrow", Event("ld.shared", "", "valid")))
+        monkeypatch.setattr(model, "_softmax_narrow", marker("softmax_narrow", Event("ld.shared", "ss.valid (softmax_narrow's argument)", "valid")))
         return trace(lambda c: model._run_consumer_mainloop(c, NARROW_ORDER, unit, unit_count, pair_base, wg))
 
     return Case("tiles/narrow.cuh", "run_narrow_mainloop", model=events, calls=("softmax_narrow",),
