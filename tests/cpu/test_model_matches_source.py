@@ -167,7 +167,8 @@ def narrow_mainloop_case(softmax, unit_count=1, pair_base=3, wg=0):
     unit = Unit(softmax)
 
     def events(monkeypatch):
-        monkeypatch.setattr(model, "_softmax_narrow", marker("softmax_narrow", Event("ld.shared", "ss.valid (softmax_narrow's argument)", "valid")))
+        argument = Event("ld.shared", "ss.valid (softmax_narrow's argument)", "valid")
+        monkeypatch.setattr(model, "_softmax_narrow", marker("softmax_narrow", argument))
         return trace(lambda c: model._run_consumer_mainloop(c, NARROW_ORDER, unit, unit_count, pair_base, wg))
 
     return Case("tiles/narrow.cuh", "run_narrow_mainloop", model=events, calls=("softmax_narrow",),
