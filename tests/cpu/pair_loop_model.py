@@ -46,7 +46,9 @@ one-block tile (TOPK <= 64: block 1 neither gathered nor multiplied); what the c
 pair's softmax path is given (Unit.softmax), and an exact pair other than a unit's first rescales O.
 
 The rule: a change to the consumer loop's (either tile's) or the producer's order changes this model in
-the same commit.
+the same commit. test_model_matches_source.py holds the model to it: for each role function it
+compares the function's events here with the operations kernel_source.py reads from the header's
+function body, on the same path.
 """
 
 from __future__ import annotations
@@ -250,8 +252,8 @@ def producer_events(order, units):
             p(cp_async_16("q"), cp_async_commit_group())
             if unit.n_pairs == 0:
                 p(*_landed_then_arrive(0, ["q_full"]))
-        else:
-            p(cp_async_16("q"), cp_async_arrive_noinc("q_full"))
+        else:  # committed too, as in every order: produce_unit commits Q before it decides how Q arrives
+            p(cp_async_16("q"), cp_async_commit_group(), cp_async_arrive_noinc("q_full"))
         ahead = order.producer_lookahead
         if ahead and unit.n_pairs > 0:
             _issue_pair(p, order, unit_count, pair_base, 0)

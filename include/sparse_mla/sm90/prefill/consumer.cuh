@@ -14,7 +14,8 @@
 //   softmax(p + 1) -> P(p + 1)         (while P.V(p, block 1) runs); wait; kProbsReady
 // A block is released as soon as its rows are in registers, so the producer refills it early.
 // What orders each shared buffer (a change to this order, or to the producer's, changes the
-// happens-before model in tests/cpu/pair_loop_model.py in the same commit, and its test must pass):
+// happens-before model in tests/cpu/pair_loop_model.py in the same commit, and its tests must pass:
+// test_model_matches_source.py compares the model with this file's statements):
 // - probs[b][w]: written by consumer w in softmax(p) for b = p % 2, read by both consumers' P.V(p).
 //   Its next writer, softmax(p + 2), runs after the kProbsReady of softmax(p + 1), which each
 //   consumer reaches only after retiring its P.V(p) (block 0's before softmax(p + 1), block 1's

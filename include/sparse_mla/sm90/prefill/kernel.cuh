@@ -54,7 +54,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   // The grouped launch reads the pre-pass's lists: it waits for that grid (launch.cuh), then lets the
-  // launch behind it start on the SMs its CTAs leave.
+  // launch behind it start on the SMs its CTAs leave. In this order, before any read of the lists and
+  // with no trigger elsewhere: the narrow launch behind reads the same lists with no wait of its own,
+  // and they are visible to it because it starts only after every CTA here passed this wait
+  // (num_launch_units, scheduler.cuh).
   using Traits = TileTraits<TILE>;
   if constexpr (Traits::kGroups) {
     wait_for_grid_ahead();

@@ -57,6 +57,19 @@ __host__ __device__ __forceinline__ int num_token_groups(const PrefillParams& pa
 // The launch's work units: in a token-grouped call, the length of its list in group_units (written by
 // the pre-pass, which ran before this launch on its stream; clamped to the list's room, which only
 // counts that the pre-pass did not write, from a caller of prefill_fwd, exceed).
+//
+// The narrow launch reads the lists here and in work_unit without a griddepcontrol.wait of its own:
+// the pre-pass is two grids back, and a wait would also wait for the grouped launch between them,
+// which the narrow launch is meant to overlap. The lists are complete and visible to it all the
+// same. It is launched with programmatic stream serialization behind the grouped launch
+// (prefill_token_groups_fwd, entry.cuh; launch.cuh), so none of its CTAs starts before every CTA
+// of the grouped grid has executed griddepcontrol.launch_dependents; each does that only after its
+// griddepcontrol.wait returned (prefill_kernel, kernel.cuh), and that wait returns only once the
+// pre-pass grid has completed and its memory operations are performed and made visible. So the
+// pre-pass had completed, its writes performed, before the narrow grid began. The guarantee relied
+// on is the one CUDA gives a grid that begins after another grid completed: that grid's writes are
+// visible to it. griddepcontrol.wait states that visibility for the waiting grid; the narrow grid
+// has it by the order of events above, which tests/cpu/test_launch_order.py checks in the headers.
 template <Tile TILE>
 __device__ __forceinline__ int num_launch_units(const PrefillParams& params) {
   if (params.group_units != nullptr) {
@@ -94,7 +107,8 @@ template <int TOPK, Tile TILE>
 __device__ __forceinline__ WorkUnit work_unit(int unit, const PrefillParams& params, int head_blocks) {
   if constexpr (TileTraits<TILE>::kGroups) return group_unit(unit, params);
   constexpr int ITEM_PAIRS = (TOPK + 2 * B_TOPK - 1) / (2 * B_TOPK);
-  // A token-grouped call's narrow launch: the unit-th token of its list (h_q <= 32: one item a token).
+  // A token-grouped call's narrow launch: the unit-th token of its list (h_q <= 32: one item a token),
+  // read without a wait of its own (num_launch_units says why the list is complete and visible).
   int item = TileTraits<TILE>::kNarrow && params.group_units != nullptr
                  ? __ldg(params.group_units + narrow_units_begin(params.s_q, params.group_size) + unit)
                  : unit;

@@ -235,7 +235,8 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK>& ss, const fl
 // on kv_full by themselves (copies_arrive, traits.cuh: so each consumer fences after its wait),
 // refills a stage as soon as it is released: two pairs in flight. It fits because the narrow O^T
 // is half the wide one: O^T 64 + both blocks' V^T 64 + S^T 16 registers (NH 16: 32 + 64 + 8).
-// A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit.
+// A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit
+// (tests/cpu/test_model_matches_source.py compares the two).
 template <int D_QK, int TOPK, int NH>
 __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
                                                     int pair_base, int unit_count, NarrowState<NH>& st) {
