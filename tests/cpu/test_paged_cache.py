@@ -171,21 +171,23 @@ def test_scattered_blocks_and_indices():
         assert torch.equal(got, want)
 
 
-def test_reference_keeps_float64_keys():
-    """The paged reference is attention over the exact dequantized cache: a per-(i, h) float64 loop
-    agrees with it to float32 rounding, and a float64 kv handed to reference_prefill is not rounded to
-    float32 first (a float32 one would lose these keys' low bits)."""
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_reference_keeps_float64_keys(d_qk):
+    """The paged reference is attention over the exact dequantized cache (at d_qk 512 the rope slot,
+    filled here, is ignored): a per-(i, h) float64 loop agrees with it to float32 rounding, and a
+    float64 kv handed to reference_prefill is not rounded to float32 first (a float32 one would lose
+    these keys' low bits)."""
     seed = run_seed()
     num_tokens, s_q, h_q, topk = 70, 3, 2, 9
     cache = quantize_paged_cache(random_latent(num_tokens, seed=seed), 32)
     generator = torch.Generator().manual_seed(seed + 1)  # not the latent's draws
-    q, q_scale = quantize_fp8(torch.randn(s_q, h_q, 576, generator=generator))
+    q, q_scale = quantize_fp8(torch.randn(s_q, h_q, d_qk, generator=generator))
     indices = random_indices(s_q, num_tokens, topk, device="cpu", seed=seed)
     indices[1, 0, 2] = -1
-    sm_scale = 576**-0.5
+    sm_scale = d_qk**-0.5
     out, max_logits, lse = reference_prefill_paged(q, cache, indices, sm_scale, q_scale)
 
-    keys = dequantize_paged_cache(cache)
+    keys = dequantize_paged_cache(cache)[:, :d_qk]
     queries = (q.float() * q_scale).double()  # q dequantized in float32, as the contract says
     for i in range(s_q):
         rows = [r for r in indices[i, 0].tolist() if r >= 0]

@@ -190,12 +190,13 @@ def reference_prefill_paged(
     return reference_prefill(q, keys.unsqueeze(1), indices, sm_scale, q_scale, unit, d_v, attn_sink, topk_length)
 
 
-def engine_requantized_kv(kv_cache: torch.Tensor, rows: torch.Tensor, d_qk: int = 576) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_requantized_kv(kv_cache: torch.Tensor, rows: torch.Tensor,
+                          d_qk: int = 576) -> tuple[torch.Tensor, torch.Tensor]:
     """The engines' pass before a contiguous FP8 kernel: gather the flat paged ``rows`` (a request's
-    context, in order), dequantize in float32 (``e4m3 * scale``, rope bf16), then cast every value,
-    rope included, to e4m3 at scale 1.0 (saturating at 448). Returns ``(kv, kv_scale)``:
-    ``[len(rows), 1, d_qk]`` float8_e4m3fn and a float32 one. Indices into it are the request's
-    contiguous token positions."""
+    context in token order, e.g. ``paged_indices(torch.arange(num_tokens), ...)``), dequantize in
+    float32 (``e4m3 * scale``, rope bf16), then cast every value, rope included, to e4m3 at scale 1.0
+    (saturating at 448). Returns ``(kv, kv_scale)``: ``[len(rows), 1, d_qk]`` float8_e4m3fn and a
+    float32 one. Indices into it are the request's contiguous token positions."""
     gathered = kv_cache.view(torch.uint8).reshape(-1, 1, 1, PAGED_ROW_BYTES)[rows.long()]
     values = dequantize_paged_cache(gathered, d_qk).float()  # rounding to float32 as the engines' pass does
     kv = values.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).unsqueeze(1)
