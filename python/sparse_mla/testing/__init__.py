@@ -9,6 +9,10 @@
   `fp8_model_prefill`, a model FP8 kernel in torch that the rule is calibrated with.
 - `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain;
   `poisoned_outputs`: NaN-filled preallocated outputs.
+- `quantize_paged_cache`, `dequantize_paged_cache`, `random_latent`, `shuffled_block_table`,
+  `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`: the serving engines' 656-byte
+  FP8 paged cache (format, writer, exact reader, scattered blocks), the float64 reference over it, and
+  the engines' gather-dequantize-requantize-to-scale-1.0 path.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 - `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
@@ -47,6 +51,16 @@ from sparse_mla.testing.numerics import (
     logit_error_bound,
     out_error_limits,
 )
+from sparse_mla.testing.paged_cache import (
+    PAGED_ROW_BYTES,
+    dequantize_paged_cache,
+    engine_requantized_kv,
+    paged_indices,
+    quantize_paged_cache,
+    random_latent,
+    reference_prefill_paged,
+    shuffled_block_table,
+)
 from sparse_mla.testing.reference import OUT_TOL, assert_close_to_reference, reference_prefill, relative_error
 from sparse_mla.testing.timing import (L2_FLUSH_BYTES, interleaved_median_ms, interleaved_waiting_median_ms, median_time_ms,
                                       prefill_flops)
@@ -58,12 +72,15 @@ __all__ = [
     "INT32_MIN",
     "L2_FLUSH_BYTES",
     "OUT_TOL",
+    "PAGED_ROW_BYTES",
     "PRESETS",
     "ErrorModel",
     "PrefillArgs",
     "IndexOverlap",
     "assert_close_to_reference",
     "default_out_tolerance",
+    "dequantize_paged_cache",
+    "engine_requantized_kv",
     "error_model",
     "fp8_model_prefill",
     "index_overlap_stats",
@@ -76,14 +93,19 @@ __all__ = [
     "median_time_ms",
     "missing_sm90_gpu",
     "out_error_limits",
+    "paged_indices",
     "poisoned_outputs",
     "prefill_flops",
     "quantize_fp8",
+    "quantize_paged_cache",
     "random_indices",
+    "random_latent",
     "realistic_indices",
     "reference_prefill",
+    "reference_prefill_paged",
     "relative_error",
     "shared_neighbour_indices",
+    "shuffled_block_table",
     "with_duplicated_groups",
     "with_shared_neighbours",
 ]

@@ -50,7 +50,8 @@ def reference_prefill(
 
     Dequantization is the spec's, in float32: ``Q = q.float() * q_scale``, ``K = kv[:, 0].float() *
     kv_scale``, ``V = K[:, :d_v]``. q and kv may be FP8 (as the kernel takes them) or any float dtype,
-    e.g. the bf16 originals with unit scales to measure the error that FP8 quantization itself adds.
+    e.g. the bf16 originals with unit scales to measure the error that FP8 quantization itself adds. A
+    float64 kv stays float64 (an exactly dequantized cache whose values float32 cannot hold).
     Dot products, exponentials and sums run in float64 so the reference adds no error of its own
     (no TF32, no accumulation-order effects).
 
@@ -83,7 +84,7 @@ def reference_prefill(
         valid = (rows >= 0) & (rows < s_kv)
         if topk_length is not None:
             valid &= slots < topk_length[start:stop].long().unsqueeze(1)
-        gathered = _gather_rows(keys, torch.where(valid, rows, 0)).float() * kv_scale.float()  # [c, topk, d_qk]
+        gathered = _widened(_gather_rows(keys, torch.where(valid, rows, 0))) * kv_scale.float()  # [c, topk, d_qk]
         gathered = gathered.double().masked_fill(~valid.unsqueeze(-1), 0.0)
 
         queries = (q[start:stop].float() * q_scale.float()).double()  # [c, h_q, d_qk]
@@ -245,6 +246,11 @@ def _assert_same_positions(what: str, got: torch.Tensor, want: torch.Tensor, pre
         f"{prefix}{what} differs from the reference at {mismatched} positions "
         f"(kernel {int(got.sum())}, reference {int(want.sum())})"
     )
+
+
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or in float64 if it is float64 already."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def _gather_rows(keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
