@@ -18,23 +18,15 @@ import secrets
 import pytest
 import torch
 
-from sparse_mla.testing import OUT_TOL, assert_close_to_reference, error_model, poisoned_outputs, reference_prefill
-
-
-def _missing_gpu_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "GPU tier: no CUDA device (torch.cuda.is_available() is False)"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"GPU tier: needs an SM90 (Hopper) GPU, found {torch.cuda.get_device_name()} (sm_{major}{minor})"
-    return None
+from sparse_mla.testing import (OUT_TOL, assert_close_to_reference, error_model, missing_sm90_gpu, poisoned_outputs,
+                                reference_prefill)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _require_sm90():
-    reason = _missing_gpu_reason()
+    reason = missing_sm90_gpu()
     if reason is not None:
-        pytest.skip(reason)
+        pytest.skip(f"GPU tier: {reason}")
 
 
 @pytest.fixture

@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from sparse_mla.jit import env
+from sparse_mla.testing import missing_sm90_gpu
 
 if env.cuda_home() is None:
     pytest.skip("nvcc not found: the nvcc tier needs the CUDA toolkit (set CUDA_HOME)", allow_module_level=True)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-HAS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+HAS_SM90 = missing_sm90_gpu() is None
 needs_sm90 = pytest.mark.skipif(not HAS_SM90, reason="needs an SM90 (Hopper) GPU")
 
 
