@@ -29,7 +29,7 @@ from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
 from sparse_mla.jit.key import GROUPED_CALL_FUNCTION, SPLIT_CALL_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "split_plan", "token_group_lists"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_lists"]
 
 
 class _Device(NamedTuple):
@@ -199,9 +199,13 @@ def _planned_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int, 
                    token_groups: str) -> tuple[Plan, Callable[..., None]]:
     """The plan and the module function of a call, decided on its first call (the Hopper check and the
     kernel's module, compiled on its very first use, included): later calls of the shape look them up."""
-    num = num_sms(check_hopper(device_index))
-    call_plan = plan(s_q, h_q, topk, num, batch_invariant, token_groups)
+    call_plan = plan_on(device_index, s_q, h_q, topk, batch_invariant, token_groups)
     return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
+
+
+def plan_on(device_index: int, s_q: int, h_q: int, topk: int, batch_invariant: bool, token_groups: str) -> Plan:
+    """`plan` for CUDA device ``device_index``, which must be an SM90 GPU."""
+    return plan(s_q, h_q, topk, num_sms(check_hopper(device_index)), batch_invariant, token_groups)
 
 
 def launch(args: PrefillArgs) -> None:

@@ -33,7 +33,6 @@ def launch_with_module(module: Any, args: PrefillArgs, token_groups: Optional[st
     s_q, h_q, _ = args.q.shape
     if s_q == 0:
         return
-    num_sms = _launch.num_sms(_launch.check_hopper(args.q.get_device()))
-    plan = _launch.plan(s_q, h_q, args.indices.shape[2], num_sms, args.batch_invariant,
-                        env.token_groups() if token_groups is None else token_groups)
+    plan = _launch.plan_on(args.q.get_device(), s_q, h_q, args.indices.shape[2], args.batch_invariant,
+                           env.token_groups() if token_groups is None else token_groups)
     _launch.execute(plan, getattr(module, plan.entry), args)
