@@ -70,7 +70,7 @@ def check_hopper(index: int) -> int:
 # (publishing and merging it, the kernel that zeroes the counters); measured on an H200
 # (docs/lab.md, Experiment 90), 4,096 items at topk 2048 in parts of 4 pairs ran
 # 0.2-1.0% faster, at topk 512 in parts of 2 pairs 1.1% slower. A split call runs the wide tile
-# (include/sparse_mla/sm90/prefill/launch.cuh), so a call that would run a narrow tile (at most 32
+# (include/sparse_mla/sm90/prefill/tiles/select.cuh), so a call that would run a narrow tile (at most 32
 # heads) splits only within 8 rounds, as before that measurement.
 SPLIT_PART_FLOATS = 256 * 128 + 256 * 4 + 64
 _MAX_SPLIT_PARTS = 4
@@ -145,8 +145,9 @@ def num_sms(index: int) -> int:
     return _device(index).num_sms
 
 
-# Tiles, as launch.cuh picks them from a launch's head count and split: a split call runs the wide
-# tile, a grouped call the grouped tile and then, for the groups that run token by token, a narrow one.
+# Tiles, as include/sparse_mla/sm90/prefill/tiles/select.cuh (launch_tile) picks them from a launch's head
+# count and split: a split call runs the wide tile, a grouped call the grouped tile and then, for the groups
+# that run token by token, a narrow one.
 NARROW_TILES = ((NARROW_8_HEADS, "narrow8"), (NARROW_16_HEADS, "narrow16"), (NARROW_HEADS, "narrow32"))
 
 

@@ -316,12 +316,12 @@ def consumer_events(order, units, wg):
         _run_consumer_mainloop(c, order, unit, unit_count, pair_base, wg)
         pair_base += unit.n_pairs
         if order.tile == "narrow":  # run_narrow_consumers: whole items, then store_outputs_narrow
-            assert unit.split is None, "the narrow tile runs no split call (launch.cuh)"
+            assert unit.split is None, "the narrow tile runs no split call (tiles/select.cuh)"
             c.at(unit_count, unit.n_pairs, "epilogue")
             _store_outputs_narrow(c, wg)
             continue
         if unit.split is not None:
-            assert order.tile == "wide", "only the wide tile runs split calls (launch.cuh)"
+            assert order.tile == "wide", "only the wide tile runs split calls (tiles/select.cuh)"
             c.at(unit_count, unit.n_pairs, "split merge")
             _merge_split_parts(c, wg)
         if unit.split != "publishes":

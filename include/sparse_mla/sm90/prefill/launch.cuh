@@ -6,6 +6,7 @@
 #include <sparse_mla/params.cuh>
 #include <sparse_mla/sm90/prefill/kernel.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
+#include <sparse_mla/sm90/prefill/tiles/select.cuh>
 #include <sparse_mla/sm90/prefill/traits.cuh>
 
 namespace sparse_mla::sm90 {
@@ -20,18 +21,11 @@ template <int D_QK, int TOPK>
 cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream_t stream) {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
   static_assert(TOPK > 0, "topk must be positive");
-  using prefill::Tile;
   constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
-  // The narrow-head and grouped tiles have no tail split: a split call runs the wide one.
-  const bool narrow = params.h_q <= prefill::NARROW_HEADS && params.split_parts == 1;
-  auto kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kWide>;
-  if (grouped) kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kGrouped>;
-  else if (narrow && params.h_q <= prefill::NARROW_8_HEADS)
-    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow8>;
-  else if (narrow && params.h_q <= prefill::NARROW_16_HEADS)
-    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow16>;
-  else if (narrow)
-    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kNarrow>;
+  // The tile decides which launches it runs (tiles/select.cuh); every tile's kernel is compiled.
+  const auto kernel = prefill::with_tile(prefill::launch_tile(params, grouped), [](auto tile) {
+    return prefill::prefill_kernel<D_QK, TOPK, decltype(tile)::value>;
+  });
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.
