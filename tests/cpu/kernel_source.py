@@ -202,6 +202,9 @@ CALLS = {
     "fence_view_async_shared": [("fence.proxy.async", "")],
     "cp_async_commit": [("cp.async.commit_group", "")],
 }
+# cp.async's copies and the producer's row gathers (gather.cuh) made of them: the buffer their first
+# argument, the destination address, points into.
+COPY_CALLS = ("cp_async_16", "cp_async_8", "copy_row_chunks", "copy_row")
 BARRIER_CALLS = {"mbarrier_wait": "mbarrier.wait", "mbarrier_arrive": "mbarrier.arrive",
                  "cp_async_arrive_noinc": "mbarrier.arrive.noinc"}
 # Calls that look like synchronization but are none of the model's (it has no global memory and no
@@ -265,7 +268,7 @@ class _Walk:
             elif name in BARRIER_CALLS:
                 target = re.match(r"\s*&ss\.(\w+)", args).group(1)
                 self.ops.append(Op(BARRIER_CALLS[name], target, line))
-            elif name in ("cp_async_16", "cp_async_8"):
+            elif name in COPY_CALLS:
                 first = args.split(",")[0]
                 target = re.search(r"ss\.(\w+)", first)
                 base = target.group(1) if target else self.aliases[re.match(r"\s*(\w+)", first).group(1)]

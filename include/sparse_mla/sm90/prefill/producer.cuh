@@ -3,10 +3,11 @@
 // pairs ahead of the consumers at most.
 //
 // Each of the 128 threads moves rows r and r + 32 of a 64-row tile (r = thread / 4), 16-byte chunks
-// 4i + thread % 4 of each: four neighbouring threads read 64 contiguous bytes of a row. Invalid slots
-// (index outside [0, s_kv), or past topk_length) are zero-filled by cp.async without reading their
-// row; their bit in SharedStorage::valid is 0 so the consumers mask them out. The indices of the next
-// pair are loaded before waiting for a free stage, so their latency hides behind that wait.
+// 4i + thread % 4 of each: four neighbouring threads read 64 contiguous bytes of a row (gather.cuh,
+// which also holds the kv rows' layout). Invalid slots (index outside [0, s_kv), or past topk_length)
+// are zero-filled by cp.async without reading their row; their bit in SharedStorage::valid is 0 so
+// the consumers mask them out. The indices of the next pair are loaded before waiting for a free
+// stage, so their latency hides behind that wait.
 //
 // Handoff: cp.async writes through the generic proxy and the consumers' Q.K^T reads Q and K through
 // the async proxy (wgmma), so each thread waits for its copies to land, executes fence.proxy.async,
@@ -23,6 +24,7 @@
 #include <cstdint>
 
 #include <sparse_mla/params.cuh>
+#include <sparse_mla/sm90/prefill/gather.cuh>
 #include <sparse_mla/sm90/prefill/pipeline.cuh>
 #include <sparse_mla/sm90/prefill/primitives.cuh>
 #include <sparse_mla/sm90/prefill/scheduler.cuh>
@@ -60,16 +62,13 @@ template <int D_QK, int TOPK, Tile TILE>
 __device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK>& ss,
                                              const ProducerThread& pt, const WorkUnit& w, int unit_count,
                                              int pair_base) {
-  constexpr int ROW_CHUNKS = D_QK / 64;  // 16-byte chunks of a row moved by one thread
-  constexpr int BLOCK_STRIDE = B_TOPK * 64;  // bytes between 64-byte column blocks of a tile
   // Copies of pt's fields: read through pt instead, the producer compiles to different code (every
   // test key's cubin changes).
   const int lane = pt.lane, warp = pt.warp, chunk = pt.chunk;
   const int rows[2] = {pt.rows[0], pt.rows[1]};
   const uint32_t dst_offset[2] = {pt.dst_offset[0], pt.dst_offset[1]};
 
-  const uint8_t* kv = reinterpret_cast<const uint8_t*>(params.kv);
-  const int s_kv = params.s_kv;
+  const ContiguousRows<D_QK> kv{reinterpret_cast<const uint8_t*>(params.kv), params.kv_stride_s, params.s_kv};
   const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
   const int n_slots = w.n_slots, n_pairs = w.n_pairs;
   // The grouped tile's consumers take the unit from here (WorkScheduler::current_from_producer), in
@@ -95,8 +94,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
         src = reinterpret_cast<const uint8_t*>(params.q) + static_cast<int64_t>(token_head.x) * params.q_stride_s +
               static_cast<int64_t>(token_head.y) * params.q_stride_h + chunk * 16;
       }
-#pragma unroll
-      for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(q_tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid);
+      copy_row_chunks<D_QK>(q_tile + dst_offset[k], src, valid);
     }
     cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none;
     if constexpr (copies_arrive<TILE>()) {  // or the copies' landing arrives
@@ -143,11 +141,9 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       bool valid[2];
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        valid[k] = index[b][k] >= 0 && index[b][k] < s_kv;
-        const uint8_t* src = kv + (valid[k] ? static_cast<int64_t>(index[b][k]) * params.kv_stride_s : 0) + chunk * 16;
+        valid[k] = kv.holds(index[b][k]);
         if (one_block_tile<TOPK, TILE>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
-#pragma unroll
-        for (int i = 0; i < ROW_CHUNKS; ++i) cp_async_16(tile + dst_offset[k] + i * BLOCK_STRIDE, src + i * 64, valid[k]);
+        kv.copy_row(tile + dst_offset[k], index[b][k], valid[k], chunk);
       }
       if constexpr (GROUPED) {
         // Every entry of the list is valid and the masks are 0 past it: they are the valid bits.
