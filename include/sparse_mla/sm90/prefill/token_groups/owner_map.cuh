@@ -38,11 +38,11 @@ __device__ __forceinline__ void scan_token_counts(const uint32_t* counts, uint32
 
 // The pre-pass of one group (prefill_kernel_token_groups, below) in named phases. OwnerMapCta holds
 // the CTA's values and the owner map's operations; the phases are the functions after it, which the
-// kernel composes. A phase takes the kernel's values by reference, the way the lambdas it replaced
-// captured them: passed by value, or read from OwnerMapCta's members, the same statements compile to
-// other code (another schedule, other registers), and the pre-pass's SASS is what was measured. For
-// that reason too, the loops that deal the later tokens' units and that write the masks stay in the
-// kernel: in a function of their own, they compile to other code.
+// kernel composes. A phase takes the kernel's values by reference: passed by value, or read from
+// OwnerMapCta's members, the same statements compile to other code (another schedule, other
+// registers) than the pre-pass whose speed was measured. For the same reason the loops that deal the
+// later tokens' units and that write the masks stay in the kernel: in a function of their own (or a
+// lambda), they compile to other code.
 
 // A group's CTA: its tokens, this thread's place among their slots, the parts of its shared memory
 // (the owner map, each entry's owner bits, the counts and their scans, the tokens' lengths), and the
@@ -99,8 +99,8 @@ struct OwnerMapCta {
   const int32_t* group_in;
   int32_t* group_list;
 
-  // The values in the order of the kernel statements they replaced, and each token's valid slots
-  // loaded into `lengths` (read after the map's first clearing, a barrier later).
+  // The values in this order, and each token's valid slots loaded here into `lengths` (read after the
+  // map's first clearing, a barrier later): in another order, they compile to another schedule.
   __device__ __forceinline__ OwnerMapCta(const TokenGroupParams& p, uint8_t* shared) : shared(shared) {
     lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     group_size = p.group_size;
