@@ -52,7 +52,8 @@ ROWS = (
     Row("wide", 4000, 32768, 128),
     Row("split", 437, 8192, 64),
     Row("split", 4096, 32768, 128),
-    Row("grouped", 16, 65536, 16),
+    Row("split", 16, 65536, 16),  # a short call at few heads: split, not grouped
+    Row("grouped", 16, 65536, 16, token_groups="always"),
     Row("grouped", 4096, 8192, 16),
     Row("grouped", 1024, 131072, 8),
     Row("narrow", 100, 65536, 8, token_groups="never"),

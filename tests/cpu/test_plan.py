@@ -35,6 +35,10 @@ H100_SMS = 132
         (4096, 16, 2048, "auto", GROUPED_CALL_FUNCTION, ("grouped", "narrow16")),
         (16, 32, 2048, "always", GROUPED_CALL_FUNCTION, ("grouped", "narrow32")),
         (1024, 8, 2048, "auto", GROUPED_CALL_FUNCTION, ("grouped", "narrow8")),
+        (133, 16, 2048, "auto", GROUPED_CALL_FUNCTION, ("grouped", "narrow16")),  # past one token an SM
+        (132, 16, 2048, "auto", ENTRY_FUNCTION, ("narrow16",)),  # a token an SM: no groups
+        (64, 8, 2048, "auto", SPLIT_CALL_FUNCTION, ("wide",)),  # ... and split where split_plan cuts it
+        (64, 8, 2048, "always", GROUPED_CALL_FUNCTION, ("grouped", "narrow8")),
         (1024, 16, 16384, "auto", ENTRY_FUNCTION, ("narrow16",)),  # no group of two fits the pre-pass's table
     ],
 )
@@ -135,3 +139,4 @@ def test_a_refused_launch_raises_kernel_launch_error(tmp_path):
     with pytest.raises(KernelLaunchError, match="launch failed: too many resources requested") as raised:
         raise_error(LAUNCH_ERROR_KIND, "sparse_mla prefill kernel launch failed: too many resources requested")
     assert isinstance(raised.value, SparseMLAError)
+
