@@ -140,3 +140,34 @@ def test_a_refused_launch_raises_kernel_launch_error(tmp_path):
         raise_error(LAUNCH_ERROR_KIND, "sparse_mla prefill kernel launch failed: too many resources requested")
     assert isinstance(raised.value, SparseMLAError)
 
+
+def _disjoint_and_aligned(tensors) -> bool:
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    return all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])) and all(
+        t.data_ptr() % 16 == 0 and t.is_contiguous() for t in tensors)
+
+
+@pytest.mark.parametrize("s_q, group, topk", [(16, 4, 2048), (4096, 8, 2048), (21, 5, 7), (19, 8, 2048), (1, 2, 100)])
+def test_the_token_group_lists_share_one_allocation_apart(s_q, group, topk):
+    """One allocation holds the pre-pass's four lists: none overlaps another, each starts at a 16-byte
+    boundary, and each has the shape and dtype entry.cuh checks."""
+    indices, masks, length, units = launch.token_group_lists(torch.device("cpu"), s_q, group, topk)
+    groups = (s_q + group - 1) // group
+    assert (indices.shape, indices.dtype) == ((groups, group * topk), torch.int32)
+    assert (masks.shape, masks.dtype) == ((groups, (group * topk + 127) // 128 * 2, group), torch.int64)
+    assert (length.shape, length.dtype, units.shape, units.dtype) == ((groups,), torch.int32, (2 + groups + s_q,),
+                                                                      torch.int32)
+    assert indices.untyped_storage().data_ptr() == units.untyped_storage().data_ptr()
+    assert _disjoint_and_aligned((indices, masks, length, units))
+
+
+def test_a_split_calls_workspace_and_counters_share_one_allocation_apart():
+    calls = []
+    q = torch.empty((437, 64, 576), dtype=torch.float8_e4m3fn)
+    args = PrefillArgs(q, *([None] * 9), 0.04, False)
+    call_plan = launch.plan(437, 64, 2048, H100_SMS, False)
+    launch.execute(call_plan, lambda *entry_args: calls.append(entry_args), args)
+    workspace, counters = calls[0][-2:]
+    assert workspace.shape == (437 - call_plan.split_begin, call_plan.split_parts, launch.SPLIT_PART_FLOATS)
+    assert (counters.shape, counters.dtype) == ((437 - call_plan.split_begin,), torch.int32)
+    assert _disjoint_and_aligned((workspace, counters))
