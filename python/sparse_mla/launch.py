@@ -180,13 +180,12 @@ def plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, tok
     if token_groups not in env.TOKEN_GROUP_MODES:
         raise ValueError(f"token_groups must be one of {', '.join(env.TOKEN_GROUP_MODES)}, got {token_groups!r}")
     items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
-    group = group_size(h_q, topk) if token_groups != "never" and not batch_invariant else 1
-    if token_groups == "auto" and s_q <= num_sms:
-        # Every token has an SM of its own, so the call lasts as long as its longest CTA: a group's
-        # walks the union of its tokens' selections (at least one token's slots, each entry dearer
-        # than a narrow slot) after the pre-pass, a token's only its own slots. Such a call runs
-        # token by token, split across the idle SMs where split_plan cuts it.
-        group = 1
+    # Automatically, only past one token an SM: below, every token has an SM of its own, so the call
+    # lasts as long as its longest CTA, and a group's walks the union of its tokens' selections (at
+    # least one token's slots, each entry dearer than a narrow slot) after the pre-pass, a token's only
+    # its own slots. Such a call runs token by token, split across the idle SMs where split_plan cuts it.
+    grouped = token_groups == "always" or (token_groups == "auto" and s_q > num_sms)
+    group = group_size(h_q, topk) if grouped and not batch_invariant else 1
     if group > 1:
         ratio = float("inf") if token_groups == "always" else max_union_ratio(h_q)
         return Plan(GROUPED_CALL_FUNCTION, ("grouped", _unsplit_tile(h_q)), items, 1, group, ratio)
