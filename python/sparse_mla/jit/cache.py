@@ -45,7 +45,7 @@ from sparse_mla.errors import (
     KernelLoadError,
     SparseMLAError,
 )
-from sparse_mla.jit import env, store
+from sparse_mla.jit import env, interrupt, store
 from sparse_mla.jit.build import (
     BuildResult,
     BuildSpec,
@@ -209,6 +209,7 @@ class KernelCache:
         """Compiles ``spec`` (logging ``announcement`` first) and publishes it at ``entry_dir``; returns the
         compile seconds, or None when another process published the entry meanwhile. An interrupted build
         (KeyboardInterrupt) leaves nothing: no entry, and no failure log, since the compiler did not fail."""
+        interrupt.raise_if_stopped(spec.key.name)
         staging = Path(
             tempfile.mkdtemp(prefix=f"{store.STAGING}{entry_dir.name}-{store.owner_tag()}-", dir=entry_dir.parent)
         )

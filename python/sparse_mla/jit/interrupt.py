@@ -31,6 +31,15 @@ def _interrupted(argv: list[str]) -> KeyboardInterrupt:
     return KeyboardInterrupt(f"interrupted: {Path(argv[0]).name}")
 
 
+def raise_if_stopped(what: str) -> None:
+    """Raises KeyboardInterrupt once :func:`stop` was called (or the first interrupted tool stopped the
+    builds): a build that a worker thread takes up after the interrupt then begins nothing, not even its
+    announcement, which would print after the command's own "interrupted"."""
+    with _lock:
+        if _stopped:
+            raise KeyboardInterrupt(f"interrupted: {what}")
+
+
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Runs a build tool in ``cwd`` with the process's environment, unchanged, and returns its output
     (stdout and stderr together). Raises KeyboardInterrupt, starting nothing, once :func:`stop` was
