@@ -118,14 +118,10 @@ inline void check_no_self_overlap(const ffi::TensorView& t, const char* name) {
   }
 }
 
-// The token groups' lists (sm90/prefill/token_groups/): 2 .. MAX_GROUP tokens per group that fit
-// one tile with TOPK slots each that fit the pre-pass's table, group_indices int32 [ceil(s_q / G), G * TOPK],
-// group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G] (traits.cuh), group_length int32
-// [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)] (traits.cuh).
+// A token group of group_size tokens of h_q heads with TOPK slots each: 2 .. MAX_GROUP tokens that fit
+// one tile and the pre-pass's table.
 template <int TOPK>
-void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDevice& device,
-                        const ffi::TensorView& group_indices, const ffi::TensorView& group_masks,
-                        const ffi::TensorView& group_length, const ffi::TensorView& group_units) {
+void check_group_size(int64_t h_q, int64_t group_size) {
   using sm90::prefill::B_H;
   using sm90::prefill::MAX_GROUP;
   using sm90::prefill::MAX_GROUP_SLOTS;
@@ -134,6 +130,16 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
                               << " and topk " << TOPK << " (2 to " << MAX_GROUP << " tokens of at most " << B_H
                               << " rows and " << MAX_GROUP_SLOTS << " slots)";
   }
+}
+
+// The token groups' lists (sm90/prefill/token_groups/) as tensors: group_indices int32
+// [ceil(s_q / G), G * TOPK], group_masks int64 [ceil(s_q / G), group_mask_blocks(G * TOPK), G]
+// (traits.cuh), group_length int32 [ceil(s_q / G)], group_units int32 [group_units_size(s_q, G)]
+// (traits.cuh).
+template <int TOPK>
+void check_token_group_lists(int64_t s_q, int64_t group_size, const DLDevice& device,
+                             const ffi::TensorView& group_indices, const ffi::TensorView& group_masks,
+                             const ffi::TensorView& group_length, const ffi::TensorView& group_units) {
   const int64_t n_groups = sm90::prefill::num_groups_of(s_q, group_size);
   check_tensor(group_indices, "group_indices", device, kDLInt, 32, {n_groups, group_size * TOPK});
   check_contiguous(group_indices, "group_indices");
@@ -144,6 +150,57 @@ void check_token_groups(int64_t s_q, int64_t h_q, int64_t group_size, const DLDe
   check_contiguous(group_length, "group_length");
   check_tensor(group_units, "group_units", device, kDLInt, 32, {sm90::prefill::group_units_size(s_q, group_size)});
   check_contiguous(group_units, "group_units");
+}
+
+// A call's scratch memory (the tail split's parts and counters, the token groups' lists): one uint8
+// tensor of at least the bytes its layout below needs, at a 16-byte boundary, which the Python side
+// takes from torch's caching allocator in one allocation (each costs the host microseconds) and the
+// entry carves, every piece at a 16-byte boundary (the merge moves float4s). launch.py's
+// scratch_bytes computes the same sizes.
+constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+inline uint8_t* scratch_of(const ffi::TensorView& scratch, int64_t bytes, const DLDevice& device) {
+  check_tensor(scratch, "scratch", device, kDLUInt, 8, {-1});
+  uint8_t* const base = data_of<uint8_t>(scratch);
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) {
+    TVM_FFI_THROW(ValueError) << "scratch must start at a 16-byte boundary";
+  }
+  if (scratch.size(0) < bytes) {
+    TVM_FFI_THROW(ValueError) << "scratch holds " << scratch.size(0) << " bytes; this call needs " << bytes;
+  }
+  return base;
+}
+
+// The tail split's: the parts' states, float [split_items, split_parts, PART_FLOATS], then one int32
+// counter per split item.
+inline int64_t split_workspace_bytes(int64_t split_items, int64_t split_parts) {
+  return split_items * split_parts * sm90::prefill::PART_FLOATS * static_cast<int64_t>(sizeof(float));
+}
+
+// The token groups' lists, in a call's scratch or in token_groups_fwd's tensors.
+struct TokenGroupLists {
+  uint64_t* masks;
+  int32_t* indices;
+  int32_t* length;
+  int32_t* units;
+};
+
+// Where a call's scratch holds them: group_masks at 0, then group_indices, group_length and
+// group_units, shaped as check_token_group_lists says.
+struct TokenGroupLayout {
+  int64_t indices_at, length_at, units_at, bytes;
+};
+
+template <int TOPK>
+TokenGroupLayout token_group_layout(int64_t s_q, int64_t group_size) {
+  const int64_t groups = sm90::prefill::num_groups_of(s_q, group_size);
+  const int64_t mask_words = groups * sm90::prefill::group_mask_blocks(static_cast<int>(group_size) * TOPK) * group_size;
+  TokenGroupLayout layout;
+  layout.indices_at = align16(mask_words * 8);
+  layout.length_at = layout.indices_at + align16(groups * group_size * TOPK * 4);
+  layout.units_at = layout.length_at + align16(groups * 4);
+  layout.bytes = layout.units_at + sm90::prefill::group_units_size(s_q, group_size) * 4;
+  return layout;
 }
 
 // The selections: indices [s_q, 1, TOPK] int32 (s_q -1: any), contiguous; topk_length [s_q] int32 or None.
@@ -276,18 +333,17 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 
 // A call with a tail split (sm90/prefill/split.cuh), arguments as prefill_fwd's, then: the work items
 // (items = s_q * ceil(h_q / 64)) from split_begin on are cut into split_parts (2 .. MAX_SPLIT_PARTS)
-// parts; split_workspace is [items - split_begin, split_parts, PART_FLOATS] f32 and split_counters
-// [items - split_begin] int32, which the launch zeroes first.
+// parts; `scratch` (detail::scratch_of) holds the parts' states and the counters, which the launch
+// zeroes first.
 template <int D_QK, int TOPK>
 void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices, ffi::TensorView q_scale,
                        ffi::TensorView kv_scale, ffi::Optional<ffi::TensorView> attn_sink,
                        ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out, ffi::TensorView max_logits,
                        ffi::TensorView lse, double sm_scale, int64_t split_begin, int64_t split_parts,
-                       ffi::TensorView split_workspace, ffi::TensorView split_counters) {
+                       ffi::TensorView scratch) {
   PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
                                                             topk_length, out, max_logits, lse, sm_scale);
   using sm90::prefill::MAX_SPLIT_PARTS;
-  using sm90::prefill::PART_FLOATS;
   const int64_t items = params.split_begin;
   const int64_t split_items = items - split_begin;
   if (split_parts < 2 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 1 ||
@@ -296,17 +352,12 @@ void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView in
                               << split_parts << " for " << items << " work items";
   }
   const DLDevice device = q.device();
-  detail::check_tensor(split_workspace, "split_workspace", device, kDLFloat, 32, {split_items, split_parts, PART_FLOATS});
-  detail::check_contiguous(split_workspace, "split_workspace");
-  if (reinterpret_cast<uintptr_t>(detail::data_of<float>(split_workspace)) % 16 != 0) {
-    TVM_FFI_THROW(ValueError) << "split_workspace must start at a 16-byte boundary (the merge moves float4s)";
-  }
-  detail::check_tensor(split_counters, "split_counters", device, kDLInt, 32, {split_items});
-  detail::check_contiguous(split_counters, "split_counters");
+  const int64_t workspace_bytes = detail::split_workspace_bytes(split_items, split_parts);
+  uint8_t* const base = detail::scratch_of(scratch, workspace_bytes + split_items * 4, device);
   params.split_begin = static_cast<int>(split_begin);
   params.split_parts = static_cast<int>(split_parts);
-  params.split_workspace = detail::data_of<float>(split_workspace);
-  params.split_counters = detail::data_of<int32_t>(split_counters);
+  params.split_workspace = reinterpret_cast<float*>(base);
+  params.split_counters = reinterpret_cast<int32_t*>(base + workspace_bytes);
   ffi::CUDADeviceGuard device_guard(device.device_id);
   detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(device)),
                        "prefill kernel");
@@ -314,12 +365,12 @@ void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView in
 
 namespace detail {
 
-// token_groups_fwd's checks, then the pre-pass's parameters (launch_token_groups).
+// The pre-pass's parameters (launch_token_groups) into `lists`, its selections and domain checked (the
+// group size by the caller, check_group_size).
 template <int TOPK>
 TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::Optional<ffi::TensorView>& topk_length,
-                                    int64_t s_kv, int64_t h_q, int64_t group_size, double max_union_ratio,
-                                    const ffi::TensorView& group_indices, const ffi::TensorView& group_masks,
-                                    const ffi::TensorView& group_length, const ffi::TensorView& group_units) {
+                                    int64_t s_kv, int64_t group_size, double max_union_ratio,
+                                    const TokenGroupLists& lists) {
   const DLDevice device = indices.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
   check_selections<TOPK>(indices, topk_length, device, -1);
@@ -328,7 +379,6 @@ TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::O
     TVM_FFI_THROW(ValueError) << "token groups out of the supported domain: group_size " << group_size << ", s_kv "
                               << s_kv << ", s_q " << s_q << ", max_union_ratio " << max_union_ratio;
   }
-  check_token_groups<TOPK>(s_q, h_q, group_size, device, group_indices, group_masks, group_length, group_units);
   TokenGroupParams params{};
   params.s_q = static_cast<int>(s_q);
   params.s_kv = static_cast<int>(s_kv);
@@ -336,58 +386,68 @@ TokenGroupParams token_group_params(const ffi::TensorView& indices, const ffi::O
   params.indices = data_of<const int32_t>(indices);
   params.topk_length = topk_length.has_value() ? data_of<const int32_t>(*topk_length) : nullptr;
   params.max_union_ratio = static_cast<float>(max_union_ratio);
-  params.group_indices = data_of<int32_t>(group_indices);
-  params.group_masks = data_of<uint64_t>(group_masks);
-  params.group_length = data_of<int32_t>(group_length);
-  params.group_units = data_of<int32_t>(group_units);
+  params.group_indices = lists.indices;
+  params.group_masks = lists.masks;
+  params.group_length = lists.length;
+  params.group_units = lists.units;
   return params;
 }
 
 }  // namespace detail
 
 // The token groups' lists (sm90/prefill/token_groups/) for a call with indices [s_q, 1, TOPK]
-// int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_groups
-// describes. A group whose list holds more than max_union_ratio entries per valid slot gets
-// group_length -1, and its list is not read (left as it was, but past map_capacity kv rows, where the
-// chunks before the one that decides it are written). Each group is appended to a unit list of
-// group_units, whose two counts (group_units[0:2]) the launch zeroes first. Launches on the caller's
-// current stream.
+// int32, topk_length [s_q] int32 or None and s_kv kv rows, into the tensors check_token_group_lists
+// describes: the pre-pass alone, for tests and tools that read its lists. A group whose list holds
+// more than max_union_ratio entries per valid slot gets group_length -1, and its list is not read
+// (left as it was, but past map_capacity kv rows, where the chunks before the one that decides it are
+// written). Each group is appended to a unit list of group_units, whose two counts
+// (group_units[0:2]) the launch zeroes first. Launches on the caller's current stream.
 template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
                       ffi::TensorView group_masks, ffi::TensorView group_length, ffi::TensorView group_units) {
-  const TokenGroupParams params = detail::token_group_params<TOPK>(
-      indices, topk_length, s_kv, h_q, group_size, max_union_ratio, group_indices, group_masks, group_length,
-      group_units);
+  if (indices.device().device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
+  detail::check_group_size<TOPK>(h_q, group_size);
+  detail::check_token_group_lists<TOPK>(indices.size(0), group_size, indices.device(), group_indices, group_masks,
+                                        group_length, group_units);
+  const detail::TokenGroupLists lists{detail::data_of<uint64_t>(group_masks), detail::data_of<int32_t>(group_indices),
+                                      detail::data_of<int32_t>(group_length), detail::data_of<int32_t>(group_units)};
+  const TokenGroupParams params =
+      detail::token_group_params<TOPK>(indices, topk_length, s_kv, group_size, max_union_ratio, lists);
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(indices.device().device_id);
   detail::check_launch(sm90::prefill::launch_token_groups<TOPK>(params, detail::current_stream(indices.device())),
                        "token-group kernel");
 }
 
-// A token-grouped call, arguments as prefill_fwd's, then those of token_groups_fwd: the pre-pass
-// (token_groups_fwd) into the lists, then the grouped launch and the launch of the other groups' tokens,
-// with no tail split, in one crossing of the FFI (each crossing converts and checks its arguments again).
-// The only entry that launches the grouped tile: its lists are always the pre-pass's of this call, on
-// its stream. Every argument is checked before the first launch.
+// A token-grouped call, arguments as prefill_fwd's, then group_size and max_union_ratio as
+// token_groups_fwd's and `scratch` (detail::scratch_of), which holds the lists: the pre-pass into the
+// lists, then the grouped launch and the launch of the other groups' tokens, with no tail split, in
+// one crossing of the FFI (each crossing converts and checks its arguments again). The only entry
+// that launches the grouped tile: its lists are always the pre-pass's of this call, on its stream.
+// Every argument is checked before the first launch.
 template <int D_QK, int TOPK>
 void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
                               ffi::TensorView q_scale, ffi::TensorView kv_scale,
                               ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
                               ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
-                              int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
-                              ffi::TensorView group_masks, ffi::TensorView group_length,
-                              ffi::TensorView group_units) {
+                              int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
   PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
                                                             topk_length, out, max_logits, lse, sm_scale);
-  const TokenGroupParams groups = detail::token_group_params<TOPK>(
-      indices, topk_length, kv.size(0), q.size(1), group_size, max_union_ratio, group_indices, group_masks,
-      group_length, group_units);
+  detail::check_group_size<TOPK>(q.size(1), group_size);  // before the layout, which assumes a sane group
+  const detail::TokenGroupLayout layout = detail::token_group_layout<TOPK>(q.size(0), group_size);
+  uint8_t* const base = detail::scratch_of(scratch, layout.bytes, q.device());
+  const detail::TokenGroupLists lists{reinterpret_cast<uint64_t*>(base),
+                                      reinterpret_cast<int32_t*>(base + layout.indices_at),
+                                      reinterpret_cast<int32_t*>(base + layout.length_at),
+                                      reinterpret_cast<int32_t*>(base + layout.units_at)};
+  const TokenGroupParams groups = detail::token_group_params<TOPK>(indices, topk_length, kv.size(0), group_size,
+                                                                   max_union_ratio, lists);
   params.group_size = static_cast<int>(group_size);
-  params.group_indices = detail::data_of<const int32_t>(group_indices);
-  params.group_masks = detail::data_of<const uint64_t>(group_masks);
-  params.group_length = detail::data_of<const int32_t>(group_length);
-  params.group_units = detail::data_of<const int32_t>(group_units);
+  params.group_indices = lists.indices;
+  params.group_masks = lists.masks;
+  params.group_length = lists.length;
+  params.group_units = lists.units;
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
   const cudaStream_t stream = detail::current_stream(q.device());

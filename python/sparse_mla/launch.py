@@ -29,7 +29,7 @@ from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
 from sparse_mla.jit.key import GROUPED_CALL_FUNCTION, SPLIT_CALL_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_lists"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_bytes"]
 
 
 class _Device(NamedTuple):
@@ -161,8 +161,9 @@ class Plan(NamedTuple):
     ``entry``: the module function it calls (jit/key.py); ``tiles``: the prefill kernel's tiles it
     launches, in order; ``split_begin``, ``split_parts``: the tail split (``split_plan``), the work items'
     count and 1 without one; ``group_size``, ``max_union_ratio``: the token groups, 1 and 0.0 without.
-    Scratch memory: a split call takes ``split_parts`` parts of ``SPLIT_PART_FLOATS`` floats and one
-    counter per split item, a grouped call the pre-pass's lists (``token_group_lists``)."""
+    ``scratch_bytes``: the scratch memory the entry carves (include/sparse_mla/entry.cuh, scratch_of),
+    0 for none: a split call's ``split_parts`` parts of ``SPLIT_PART_FLOATS`` floats and one int32
+    counter per split item, a grouped call the pre-pass's lists (``token_group_bytes``)."""
 
     entry: str
     tiles: tuple[str, ...]
@@ -170,6 +171,7 @@ class Plan(NamedTuple):
     split_parts: int
     group_size: int
     max_union_ratio: float
+    scratch_bytes: int
 
 
 @functools.lru_cache(maxsize=4096)
@@ -188,11 +190,14 @@ def plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, tok
     group = group_size(h_q, topk) if grouped and not batch_invariant else 1
     if group > 1:
         ratio = float("inf") if token_groups == "always" else max_union_ratio(h_q)
-        return Plan(GROUPED_CALL_FUNCTION, ("grouped", _unsplit_tile(h_q)), items, 1, group, ratio)
+        return Plan(GROUPED_CALL_FUNCTION, ("grouped", _unsplit_tile(h_q)), items, 1, group, ratio,
+                    token_group_bytes(s_q, group, topk))
     split_begin, split_parts = split_plan(items, num_sms, topk, batch_invariant, narrow=h_q <= NARROW_HEADS)
     if split_parts > 1:
-        return Plan(SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0)
-    return Plan(ENTRY_FUNCTION, (_unsplit_tile(h_q),), items, 1, 1, 0.0)
+        split_items = items - split_begin
+        scratch_bytes = 4 * split_items * (split_parts * SPLIT_PART_FLOATS + 1)
+        return Plan(SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0, scratch_bytes)
+    return Plan(ENTRY_FUNCTION, (_unsplit_tile(h_q),), items, 1, 1, 0.0, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,46 +231,32 @@ def launch(args: PrefillArgs) -> None:
 
 def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) -> None:
     """Calls ``function``, the module entry ``call_plan.entry``, on ``args`` with the plan's scratch
-    memory: per call, from torch's caching allocator on the current stream, so that a concurrent call on
-    another stream gets its own and a CUDA graph captures it. The module zeroes the counters in a kernel
-    ahead of the prefill kernel's launch, which a CUDA graph captures with it, so every replay starts
-    from zero."""
-    if call_plan.split_parts > 1:
-        q = args.q
-        split_items = q.shape[0] * ((q.shape[1] + HEAD_BLOCK - 1) // HEAD_BLOCK) - call_plan.split_begin
-        workspace_floats = split_items * call_plan.split_parts * SPLIT_PART_FLOATS
-        # One allocation for both (each costs the host microseconds): the counters after the parts.
-        scratch = q.new_empty((workspace_floats + split_items,), dtype=torch.float32)
-        workspace = scratch.narrow(0, 0, workspace_floats).view(split_items, call_plan.split_parts, SPLIT_PART_FLOATS)
-        counters = scratch.narrow(0, workspace_floats, split_items).view(torch.int32)
-        function(*args[:ENTRY_ARGS], call_plan.split_begin, call_plan.split_parts, workspace, counters)
-    elif call_plan.group_size > 1:
-        lists = token_group_lists(args.q.device, args.q.shape[0], call_plan.group_size, args.indices.shape[2])
-        function(*args[:ENTRY_ARGS], call_plan.group_size, call_plan.max_union_ratio, *lists)
-    else:
+    memory: one allocation per call from torch's caching allocator on the current stream (so that a
+    concurrent call on another stream gets its own and a CUDA graph captures it), which the entry
+    carves. The module zeroes the counters in it in a kernel ahead of the prefill kernel's launch, which
+    a CUDA graph captures with it, so every replay starts from zero."""
+    if call_plan.scratch_bytes == 0:
         function(*args[:ENTRY_ARGS])
+        return
+    scratch = args.q.new_empty((call_plan.scratch_bytes,), dtype=torch.uint8)
+    if call_plan.group_size > 1:
+        function(*args[:ENTRY_ARGS], call_plan.group_size, call_plan.max_union_ratio, scratch)
+    else:
+        function(*args[:ENTRY_ARGS], call_plan.split_begin, call_plan.split_parts, scratch)
 
 
-def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
-    """The pre-pass's outputs for s_q tokens in groups of ``group`` (from torch's caching allocator on
-    the current stream): per group its list of kv rows (int32), its tokens' masks (per block of 64
-    entries that a pair of blocks can read, one 64-bit word per token; traits.cuh) and its length
-    (int32); and the two launches' unit lists (int32: their two lengths, then at most every group, then
-    at most every token; traits.cuh's group_units_size). All uninitialized: the pre-pass's launch zeroes
-    the two lengths before it appends to the lists (a kernel of its own, which the pre-pass overlaps)."""
+def token_group_bytes(s_q: int, group: int, topk: int) -> int:
+    """Bytes of the pre-pass's lists for s_q tokens in groups of ``group`` (entry.cuh,
+    token_group_layout): per group its 64-bit owner masks (per block of 64 entries that a pair of blocks
+    can read, one word per token; traits.cuh), its list of kv rows (int32) and its length (int32), then
+    the two launches' unit lists (int32: their two lengths, then at most every group, then at most
+    every token; traits.cuh's group_units_size), each at a 16-byte boundary. All uninitialized: the
+    pre-pass's launch zeroes the two lengths before it appends to the lists."""
     groups = (s_q + group - 1) // group
     mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
-    # One allocation for all four (each costs the host microseconds), each list 16-byte aligned in it.
-    def padded(words: int) -> int:
-        return (words + 3) // 4 * 4
 
-    mask_words, n_indices, n_units = 2 * groups * mask_blocks * group, groups * group * topk, 2 + groups + s_q
-    scratch = torch.empty((padded(mask_words) + padded(n_indices) + padded(groups) + n_units,), dtype=torch.int32,
-                          device=device)
-    masks = scratch.narrow(0, 0, mask_words).view(torch.int64).view(groups, mask_blocks, group)
-    at = padded(mask_words)
-    indices = scratch.narrow(0, at, n_indices).view(groups, group * topk)
-    at += padded(n_indices)
-    length = scratch.narrow(0, at, groups)
-    at += padded(groups)
-    return indices, masks, length, scratch.narrow(0, at, n_units)
+    def aligned(nbytes: int) -> int:
+        return (nbytes + 15) // 16 * 16
+
+    return aligned(8 * groups * mask_blocks * group) + aligned(4 * groups * group * topk) + aligned(4 * groups) + \
+        4 * (2 + groups + s_q)

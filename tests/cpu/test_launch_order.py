@@ -123,7 +123,7 @@ MUTATIONS = {
     "the narrow launch on another stream": (GROUPED_CALL[0], check_grouped_call_order, lambda t: t.replace(
         "launch_prefill<D_QK, TOPK>(params, false, stream)", "launch_prefill<D_QK, TOPK>(params, false, nullptr)")),
     "the lists set after the pre-pass": (GROUPED_CALL[0], check_grouped_call_order, lambda t: _swap_lines(
-        t, "params.group_units = detail::data_of", "launch_token_groups<TOPK>(groups, stream)")),
+        t, "params.group_units = lists.units", "launch_token_groups<TOPK>(groups, stream)")),
     "the trigger before the wait": ("sm90/prefill/kernel.cuh", check_grouped_kernel_waits_then_triggers,
                                     lambda t: _swap_lines(t, "    wait_for_grid_ahead();", "    allow_dependent_grid();")),
     "the lists read before the wait": ("sm90/prefill/kernel.cuh", check_grouped_kernel_waits_then_triggers,

@@ -16,6 +16,7 @@ from sparse_mla.args import PrefillArgs
 from sparse_mla.errors import KernelLaunchError, SparseMLAError
 from sparse_mla.jit.cache import load_tvm_module
 from sparse_mla.jit.key import ENTRY_FUNCTION, GROUPED_CALL_FUNCTION, LAUNCH_ERROR_KIND, SPLIT_CALL_FUNCTION
+from sparse_mla.testing import token_group_lists
 
 ENTRY = (Path(__file__).resolve().parents[2] / "include" / "sparse_mla" / "entry.cuh").read_text()
 H100_SMS = 132
@@ -103,7 +104,7 @@ def test_a_shape_is_planned_on_its_first_call_only(monkeypatch):
     finally:
         launch._planned_entry.cache_clear()
     assert steps == ["check_hopper", "get_module"] * 2  # the two shapes' first calls
-    split, whole = (SPLIT_CALL_FUNCTION, 15), (ENTRY_FUNCTION, 11)  # 300 x 64 heads splits on 132 SMs
+    split, whole = (SPLIT_CALL_FUNCTION, 14), (ENTRY_FUNCTION, 11)  # 300 x 64 heads splits on 132 SMs
     assert entries == [split, whole, split, whole, split]
 
 
@@ -141,33 +142,39 @@ def test_a_refused_launch_raises_kernel_launch_error(tmp_path):
     assert isinstance(raised.value, SparseMLAError)
 
 
-def _disjoint_and_aligned(tensors) -> bool:
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
-    return all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])) and all(
-        t.data_ptr() % 16 == 0 and t.is_contiguous() for t in tensors)
+@pytest.mark.parametrize("s_q, h_q, token_groups", [(437, 64, "auto"), (16, 16, "auto"), (4096, 16, "auto"),
+                                                  (300, 8, "always")])
+def test_a_call_takes_its_scratch_in_one_allocation(s_q, h_q, token_groups):
+    """A split or grouped call passes its entry one uint8 tensor of the plan's scratch_bytes, at a
+    16-byte boundary, after the plan's two scalars; an ordinary call passes none."""
+    calls = []
+    q = torch.empty((s_q, h_q, 576), dtype=torch.float8_e4m3fn)
+    args = PrefillArgs(q, *([None] * 9), 0.04, False)
+    call_plan = launch.plan(s_q, h_q, 2048, H100_SMS, False, token_groups)
+    launch.execute(call_plan, lambda *entry_args: calls.append(entry_args), args)
+    (entry_args,) = calls
+    assert call_plan.entry in (SPLIT_CALL_FUNCTION, GROUPED_CALL_FUNCTION)
+    scalars = (call_plan.group_size, call_plan.max_union_ratio) if call_plan.entry == GROUPED_CALL_FUNCTION else \
+        (call_plan.split_begin, call_plan.split_parts)
+    scratch = entry_args[-1]
+    assert entry_args[-3:-1] == scalars
+    assert (scratch.shape, scratch.dtype) == ((call_plan.scratch_bytes,), torch.uint8)
+    assert scratch.data_ptr() % 16 == 0 and call_plan.scratch_bytes > 0
+
+
+def test_the_split_scratch_holds_every_part_and_counter():
+    call_plan = launch.plan(437, 64, 2048, H100_SMS, False)
+    split_items = 437 - call_plan.split_begin
+    assert call_plan.scratch_bytes == split_items * call_plan.split_parts * launch.SPLIT_PART_FLOATS * 4 + split_items * 4
+    assert launch.plan(437, 64, 2048, H100_SMS, True).scratch_bytes == 0  # batch-invariant: no split
 
 
 @pytest.mark.parametrize("s_q, group, topk", [(16, 4, 2048), (4096, 8, 2048), (21, 5, 7), (19, 8, 2048), (1, 2, 100)])
-def test_the_token_group_lists_share_one_allocation_apart(s_q, group, topk):
-    """One allocation holds the pre-pass's four lists: none overlaps another, each starts at a 16-byte
-    boundary, and each has the shape and dtype entry.cuh checks."""
-    indices, masks, length, units = launch.token_group_lists(torch.device("cpu"), s_q, group, topk)
-    groups = (s_q + group - 1) // group
-    assert (indices.shape, indices.dtype) == ((groups, group * topk), torch.int32)
-    assert (masks.shape, masks.dtype) == ((groups, (group * topk + 127) // 128 * 2, group), torch.int64)
-    assert (length.shape, length.dtype, units.shape, units.dtype) == ((groups,), torch.int32, (2 + groups + s_q,),
-                                                                      torch.int32)
-    assert indices.untyped_storage().data_ptr() == units.untyped_storage().data_ptr()
-    assert _disjoint_and_aligned((indices, masks, length, units))
-
-
-def test_a_split_calls_workspace_and_counters_share_one_allocation_apart():
-    calls = []
-    q = torch.empty((437, 64, 576), dtype=torch.float8_e4m3fn)
-    args = PrefillArgs(q, *([None] * 9), 0.04, False)
-    call_plan = launch.plan(437, 64, 2048, H100_SMS, False)
-    launch.execute(call_plan, lambda *entry_args: calls.append(entry_args), args)
-    workspace, counters = calls[0][-2:]
-    assert workspace.shape == (437 - call_plan.split_begin, call_plan.split_parts, launch.SPLIT_PART_FLOATS)
-    assert (counters.shape, counters.dtype) == ((437 - call_plan.split_begin,), torch.int32)
-    assert _disjoint_and_aligned((workspace, counters))
+def test_the_token_group_scratch_holds_the_lists_at_16_byte_boundaries(s_q, group, topk):
+    """token_group_bytes covers the four lists that token_groups_fwd takes as tensors, each padded to
+    16 bytes (the layout itself is entry.cuh's; the GPU tier checks that the entry asks for exactly
+    these bytes)."""
+    lists = token_group_lists(torch.device("cpu"), s_q, group, topk)
+    sizes = [t.numel() * t.element_size() for t in lists]
+    padded = sum((n + 15) // 16 * 16 for n in sizes[:3]) + sizes[3]
+    assert launch.token_group_bytes(s_q, group, topk) == padded

@@ -232,13 +232,16 @@ def test_tail_split_zeroes_its_own_counters(prefill_fwd, seed):
     split_begin, parts = split_plan(s_q, num_sms(torch.cuda.current_device()), 2048)
     assert parts >= 2, f"{context}: does not split on this GPU"
     tail = s_q - split_begin
-    workspace = torch.full((tail, parts, SPLIT_PART_FLOATS), float("nan"), device="cuda")
-    counters = torch.full((tail,), parts - 1, dtype=torch.int32, device="cuda")
+    # The scratch as entry.cuh lays it out: the parts' states (NaN here), then the counters.
+    workspace_floats = tail * parts * SPLIT_PART_FLOATS
+    scratch = torch.full((workspace_floats + tail,), float("nan"), device="cuda")
+    counters = scratch[workspace_floats:].view(torch.int32)
+    counters.fill_(parts - 1)
     got = poisoned_outputs(s_q, 64)
     getattr(get_module(KernelKey(576, 2048)), SPLIT_CALL_FUNCTION)(
         inputs["q"], inputs["kv"], inputs["indices"], inputs["q_scale"], inputs["kv_scale"], None,
         inputs["topk_length"], got["out"], got["max_logits"], got["lse"], inputs["sm_scale"], split_begin, parts,
-        workspace, counters)
+        scratch.view(torch.uint8))
     for name, a in zip(("out", "max_logits", "lse"), expected):
         bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
         assert torch.equal(a.view(bits), got[name].view(bits)), f"{context}: {name} differs from the library call's"

@@ -179,40 +179,52 @@ def test_entry_repeats_the_checks_the_kernel_relies_on(seed):
         call(indices=inputs["indices"][:, :, :64])
     with pytest.raises(ValueError, match="q_scale must have exactly one element"):
         call(indices=indices, q_scale=torch.ones(2, device="cuda"))
-    # The tail split (8 work items here): consistent fields and a workspace of the kernel's layout,
-    # the one the Python side allocates.
-    from sparse_mla.launch import SPLIT_PART_FLOATS
+    # The tail split (8 work items here): consistent fields and a scratch of at least the bytes its
+    # layout needs, exactly the plan's (launch.py), at a 16-byte boundary.
+    from sparse_mla.launch import SPLIT_PART_FLOATS, token_group_bytes
+    from sparse_mla.testing import token_group_lists
 
-    counters = torch.zeros(8, dtype=torch.int32, device="cuda")
+    split_bytes = 4 * 8 * (2 * SPLIT_PART_FLOATS + 1)
+    scratch = torch.zeros(split_bytes + 16, dtype=torch.uint8, device="cuda")
 
-    def split(split_begin, split_parts, workspace):
-        module.prefill_split_fwd(*dict(base, indices=indices).values(), split_begin, split_parts, workspace, counters)
+    def split(split_begin, split_parts, scratch):
+        module.prefill_split_fwd(*dict(base, indices=indices).values(), split_begin, split_parts, scratch)
 
     with pytest.raises(ValueError, match="inconsistent tail split"):
-        split(0, 1, torch.empty(8, 1, SPLIT_PART_FLOATS, device="cuda"))  # one part is no split
+        split(0, 1, scratch)  # one part is no split
     with pytest.raises(ValueError, match="inconsistent tail split"):
-        split(8, 2, torch.empty(0, 2, SPLIT_PART_FLOATS, device="cuda"))  # no item to split
-    with pytest.raises(ValueError, match=rf"split_workspace.shape\[2\] must be {SPLIT_PART_FLOATS},"):
-        split(0, 2, torch.empty(8, 2, 1000, device="cuda"))
-    # Token groups: lists of the pre-pass's shapes, in the only entry that takes them.
-    lists = dict(group_size=4, max_union_ratio=0.75, group_indices=torch.zeros(2, 256, dtype=torch.int32, device="cuda"),
-                 group_masks=torch.zeros(2, 4, 4, dtype=torch.int64, device="cuda"),
-                 group_length=torch.zeros(2, dtype=torch.int32, device="cuda"),
-                 group_units=torch.zeros(2 + 2 + 8, dtype=torch.int32, device="cuda"))
+        split(8, 2, scratch)  # no item to split
+    with pytest.raises(ValueError, match=rf"scratch holds {split_bytes - 1} bytes; this call needs {split_bytes}(?!\d)"):
+        split(0, 2, scratch[:split_bytes - 1])
+    with pytest.raises(ValueError, match="scratch must start at a 16-byte boundary"):
+        split(0, 2, scratch[4:])
+    with pytest.raises(ValueError, match="scratch has the wrong dtype"):
+        split(0, 2, scratch.view(torch.int32))
+    # Token groups (groups of 4 here): the group size, and a scratch of exactly the plan's bytes.
+    group_bytes = token_group_bytes(8, 4, 64)
 
-    def grouped(**changes):
-        module.prefill_token_groups_fwd(*dict(base, indices=indices).values(), *dict(lists, **changes).values())
+    def grouped(group_size=4, scratch=scratch):
+        module.prefill_token_groups_fwd(*dict(base, indices=indices).values(), group_size, 0.75, scratch)
 
     with pytest.raises(ValueError, match="inconsistent token groups: group_size 5 with h_q 16"):
         grouped(group_size=5)  # 5 x 16 rows do not fit a tile
+    with pytest.raises(ValueError, match=rf"scratch holds {group_bytes - 1} bytes; this call needs {group_bytes}(?!\d)"):
+        grouped(scratch=scratch[:group_bytes - 1])
+    # The pre-pass alone takes its lists as tensors of the pre-pass's shapes.
+    lists = token_group_lists(inputs["q"].device, 8, 4, 64)
+
+    def pre_pass(*lists):
+        module.token_groups_fwd(indices, None, inputs["kv"].shape[0], 16, 4, 0.75, *lists)
+
+    pre_pass(*lists)
     with pytest.raises(ValueError, match=r"group_indices.shape\[1\] must be 256, got 128"):
-        grouped(group_indices=lists["group_indices"][:, :128].contiguous())
+        pre_pass(lists[0][:, :128].contiguous(), *lists[1:])
     with pytest.raises(ValueError, match="group_masks has the wrong dtype"):
-        grouped(group_masks=lists["group_indices"].view(2, 4, 64))
+        pre_pass(lists[0], lists[0].view(2, 4, 64), *lists[2:])
     with pytest.raises(ValueError, match=r"group_units.shape\[0\] must be 12, got 11"):
-        grouped(group_units=lists["group_units"][:11])
+        pre_pass(*lists[:3], lists[3][:11])
     with pytest.raises(TypeError):
-        module.prefill_fwd(*dict(base, indices=indices).values(), *lists.values())  # no lists but the grouped call's
+        module.prefill_fwd(*dict(base, indices=indices).values(), 4, 0.75, scratch)  # no scratch but the others'
     torch.cuda.synchronize()  # nothing was launched with bad arguments, the context is healthy
 
 

@@ -15,9 +15,9 @@ import torch
 
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import group_size, max_union_ratio, token_group_lists
-from sparse_mla.testing import (PRESETS, make_inputs, poisoned_outputs, realistic_indices, with_duplicated_groups,
-                                with_shared_neighbours)
+from sparse_mla.launch import group_size, max_union_ratio
+from sparse_mla.testing import (PRESETS, make_inputs, poisoned_outputs, realistic_indices, token_group_lists,
+                                with_duplicated_groups, with_shared_neighbours)
 
 pytestmark = pytest.mark.gpu
 

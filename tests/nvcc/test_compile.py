@@ -146,13 +146,13 @@ for h_q, s_q, mode in ((64, 200, "never"), (64, 300, "never"), (128, 8, "never")
     launch_with_module(recorder, PrefillArgs(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04),
                        token_groups=mode)
     print(h_q, s_q, mode, "|".join(recorder.calls))
-lists = launch.token_group_lists(q.device, s_q, 4, 2048)
-for name, extra in (("prefill_fwd", (s_q, 1, None, None)), ("prefill_split_fwd", (0, 2, None, None))):
+scratch = torch.empty(launch.token_group_bytes(s_q, 4, 2048), dtype=torch.uint8)
+for name, extra in (("prefill_fwd", (s_q, 1, scratch)), ("prefill_split_fwd", (0, 2, scratch))):
     try:
-        getattr(module, name)(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04, *extra, 4, *lists,
-                              True)
+        getattr(module, name)(q, kv, indices, scale, scale, None, None, out, max_logits, lse, 0.04, *extra, 4, 0.75,
+                              scratch)
     except TypeError:
-        print(name, "refuses the token groups' lists")
+        print(name, "refuses the token groups' arguments")
 """
 
 
@@ -168,5 +168,5 @@ def test_the_launch_plans_call_the_real_entries_with_their_arity(prebuilt):
     grouped = "prefill_token_groups_fwd: q must be a CUDA tensor"  # the pre-pass and both launches, in one call
     assert result.stdout.splitlines() == [
         f"64 200 never {prefill}", f"64 300 never {split}", f"128 8 never {split}", f"16 300 auto {grouped}",
-        f"16 300 always {grouped}", "prefill_fwd refuses the token groups' lists",
-        "prefill_split_fwd refuses the token groups' lists"], result.stdout
+        f"16 300 always {grouped}", "prefill_fwd refuses the token groups' arguments",
+        "prefill_split_fwd refuses the token groups' arguments"], result.stdout

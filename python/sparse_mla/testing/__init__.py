@@ -17,7 +17,8 @@
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 - `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
 - `load_module`, `launch_with_module`, `PrefillArgs`: the package's launch plan run on a kernel module
-  built from other sources (A/B benchmarks).
+  built from other sources (A/B benchmarks); `token_group_lists`: the tensors of the token groups'
+  pre-pass alone.
 
 Importing this module imports torch only: no tvm-ffi, no CUDA initialization, no compiler.
 """
@@ -42,7 +43,7 @@ from sparse_mla.testing.inputs import (
     quantize_fp8,
     random_indices,
 )
-from sparse_mla.testing.modules import PrefillArgs, launch_with_module, load_module
+from sparse_mla.testing.modules import PrefillArgs, launch_with_module, load_module, token_group_lists
 from sparse_mla.testing.numerics import (
     ErrorModel,
     default_out_tolerance,
@@ -106,6 +107,7 @@ __all__ = [
     "relative_error",
     "shared_neighbour_indices",
     "shuffled_block_table",
+    "token_group_lists",
     "with_duplicated_groups",
     "with_shared_neighbours",
 ]

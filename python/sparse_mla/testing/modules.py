@@ -5,6 +5,8 @@ with :func:`load_module` (a cache root filled by ``python -m sparse_mla prebuild
 holds it) and calls :func:`launch_with_module` with it: the same plan, scratch memory and entry call
 as :func:`sparse_mla.sparse_mla_q8kv8_prefill_fwd` makes, on that module instead of the package's own.
 The module must export the entries of this package's ``include/sparse_mla/entry.cuh``.
+:func:`token_group_lists` makes the tensors that the token groups' pre-pass alone (``token_groups_fwd``)
+writes, for tests that read its lists.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from sparse_mla import launch as _launch
 from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import env
 from sparse_mla.jit.cache import load_tvm_module
 
-__all__ = ["PrefillArgs", "launch_with_module", "load_module"]
+__all__ = ["PrefillArgs", "launch_with_module", "load_module", "token_group_lists"]
 
 
 def load_module(so_path: str | Path) -> Any:
@@ -36,3 +40,17 @@ def launch_with_module(module: Any, args: PrefillArgs, token_groups: Optional[st
     plan = _launch.plan_on(args.q.get_device(), s_q, h_q, args.indices.shape[2], args.batch_invariant,
                            env.token_groups() if token_groups is None else token_groups)
     _launch.execute(plan, getattr(module, plan.entry), args)
+
+
+def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
+    """Uninitialized tensors for the lists of s_q tokens in groups of ``group`` with topk slots each, as
+    ``token_groups_fwd`` takes them (entry.cuh, check_token_group_lists): per group its list of kv rows
+    (int32), its tokens' owner masks (int64, per block of 64 entries that a pair of blocks can read, one
+    word per token) and its length (int32); and the two launches' unit lists (int32: their two
+    lengths, then at most every group, then at most every token)."""
+    groups = (s_q + group - 1) // group
+    mask_blocks = (group * topk + 127) // 128 * 2
+    return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
+            torch.empty((groups, mask_blocks, group), dtype=torch.int64, device=device),
+            torch.empty((groups,), dtype=torch.int32, device=device),
+            torch.empty((2 + groups + s_q,), dtype=torch.int32, device=device))
