@@ -496,8 +496,17 @@ def test_the_model_names_every_member_of_shared_storage():
     """A buffer or barrier added to the kernel's shared memory must be added to the model too: the
     wide tile's order (with the split merge), the narrow tile's and the grouped one's name them all between them."""
     traits = TRAITS.read_text()
-    storage = re.search(r"struct SharedStorage \{(.*?)\n\};", traits, re.S).group(1)
-    members = set(re.findall(r"^\s*(?:alignas\(\d+\)\s+)?\w+\s+(\w+)\s*[\[;]", storage, re.M))
+    # SharedStorage's parts: traits.cuh's Shared* structs, which every tile has, and each tile's own
+    # members (the SharedMembers of its file under tiles/), whose free bytes (`unused`) are no buffer.
+    parts = [(traits, name) for name in re.findall(r"^struct (Shared\w+)\b", traits, re.M)]
+    for header in sorted((TRAITS.parent / "tiles").glob("*.cuh")):
+        text = header.read_text()
+        parts += [(text, name) for name in sorted(set(re.findall(r"using SharedMembers = (\w+)<", text)))]
+    members = set()
+    for text, name in parts:
+        storage = re.search(rf"^struct {name}\b[^;{{]*\{{(.*?)\n\}};", text, re.S | re.M).group(1)
+        members |= set(re.findall(r"^\s*(?:alignas\(\d+\)\s+)?\w+\s+(\w+)\s*[\[;]", storage, re.M))
+    members.discard("unused")
     named_barriers = set(re.findall(r"^\s*(k\w+) = \d+,", traits, re.M))
     roles = [kernel_roles(KERNEL_ORDER, SPLIT_AND_EMPTY), kernel_roles(NARROW_ORDER, WITH_AN_EMPTY_UNIT),
              kernel_roles(GROUPED_ORDER, WITH_AN_EMPTY_UNIT)]

@@ -123,11 +123,20 @@ def test_the_budget_tables_of_kernel_md_are_the_compiled_headers(tmp_path):
     for column, (t, total) in enumerate(zip(types, totals)):
         assert sum(row[column] for row in parts) == total, f"the rows of {t} do not add up to its total {total:,}"
 
+    # Every tile's storage, at each d_qk the table covers, is as large as a column of that d_qk states (a
+    # tile without a column of its own, such as the narrow tiles of 16 and 8 heads, shares one's members).
+    stated_sizes = {}  # d_qk -> the totals of its columns
+    for t, total in zip(types, totals):
+        stated_sizes.setdefault(re.match(r"SharedStorage<(\d+)", t).group(1), set()).add(total)
+    every_tile = {f"sizeof(SharedStorage<{d}, Tile::{tile}>)": d for d in stated_sizes for tile in tiles_in_headers()}
+
     expressions = [f"sizeof({t})" for t in types] + list(arrivals)
-    values = dict(zip(expressions, compiled_values(expressions, tmp_path)))
+    values = dict(zip(expressions + list(every_tile), compiled_values(expressions + list(every_tile), tmp_path)))
     stated = dict(zip(expressions, totals + list(arrivals.values())))
     wrong = {e: f"page {stated[e]:,}, headers {values[e]:,}" for e in expressions if values[e] != stated[e]}
     assert not wrong, f"docs/kernel.md disagrees with the compiled headers: {wrong}"
+    unstated = {e: f"{values[e]:,}" for e, d in every_tile.items() if values[e] not in stated_sizes[d]}
+    assert not unstated, f"docs/kernel.md states no column of these tiles' sizes: {unstated}"
 
 
 def test_the_table_parser_reads_numbers_and_code_spans():

@@ -56,8 +56,8 @@
 
 namespace sparse_mla::sm90::prefill {
 
-template <int D_QK>
-__device__ __forceinline__ void issue_qk(const SharedStorage<D_QK>& ss, int stage, int wg, float (&s)[32]) {
+template <int D_QK, Tile TILE>
+__device__ __forceinline__ void issue_qk(const SharedStorage<D_QK, TILE>& ss, int stage, int wg, float (&s)[32]) {
   constexpr int STEPS = D_QK / 32;
   // Step kk starts at column block kk / 2, byte (kk % 2) * 32 of every row; descriptors count 16 B.
   const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
@@ -174,7 +174,7 @@ struct BlockLogits {
 // addresses waited for, at every tile. Passed from the pair loop instead, it is
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
 template <Tile TILE, int D_QK>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const float (&s)[32], int stage, int wg,
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, const float (&s)[32], int stage, int wg,
                                                  int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
   const ConsumerThread thread = consumer_thread_of_index();
   if constexpr (TileTraits<TILE>::kGroups) {
@@ -189,8 +189,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 
 // The same from the block's logits and whether all of this thread's slots are valid (the common case:
 // no masking).
-template <int D_QK, typename Mask>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const BlockLogits<Mask>& logits, bool all_valid,
+template <int D_QK, Tile TILE, typename Mask>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, const BlockLogits<Mask>& logits, bool all_valid,
                                                  int stage, int buf, const ConsumerThread& thread, ConsumerState& st) {
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
@@ -266,7 +266,7 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK>& ss, const 
 // One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (the KvStage of each
 // pair), `unit_count` the units (the QStage of q_full).
 template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK>& ss, float scale_log2, int n_pairs,
+__device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK, TILE>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int unit_count, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
   constexpr bool ONE_BLOCK = one_block_tile<TOPK, TILE>();  // block 1 of every pair is empty and never read

@@ -22,7 +22,7 @@
 namespace sparse_mla::sm90::prefill {
 
 template <int D_QK, Tile TILE>
-__device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK>& ss,
+__device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
   const ConsumerThread thread = consumer_thread();  // named fields: the store lambda below captures c
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;

@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   // The kernel has no static shared memory, so the dynamic allocation starts the CTA's window, which
   // is 1024-byte aligned. Declaring it so makes every shared address a constant: no base register.
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  auto& ss = *reinterpret_cast<SharedStorage<D_QK>*>(smem_raw);
+  auto& ss = *reinterpret_cast<SharedStorage<D_QK, TILE>*>(smem_raw);
+  static_assert(shared_storage_bytes<D_QK, TILE>() <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   // The grouped launch reads the pre-pass's lists: it waits for that grid (launch.cuh), then lets the

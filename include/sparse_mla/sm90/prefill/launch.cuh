@@ -21,10 +21,14 @@ template <int D_QK, int TOPK>
 cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream_t stream) {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
   static_assert(TOPK > 0, "topk must be positive");
-  constexpr int smem_bytes = prefill::shared_storage_bytes<D_QK>();
-  // The tile decides which launches it runs (tiles/select.cuh); every tile's kernel is compiled.
-  const auto kernel = prefill::with_tile(prefill::launch_tile(params, grouped), [](auto tile) {
-    return prefill::prefill_kernel<D_QK, TOPK, decltype(tile)::value>;
+  // The tile decides which launches it runs (tiles/select.cuh); every tile's kernel is compiled, each
+  // launched with its own storage's shared memory.
+  const prefill::Tile tile = prefill::launch_tile(params, grouped);
+  const auto kernel = prefill::with_tile(tile, [](auto t) {
+    return prefill::prefill_kernel<D_QK, TOPK, decltype(t)::value>;
+  });
+  const int smem_bytes = prefill::with_tile(tile, [](auto t) {
+    return prefill::shared_storage_bytes<D_QK, decltype(t)::value>();
   });
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;

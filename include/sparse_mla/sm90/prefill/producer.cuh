@@ -59,7 +59,7 @@ __device__ __forceinline__ ProducerThread producer_thread() {
 // One work unit: its Q tile, then its pairs. `unit_count` counts the CTA's earlier units (the QStage of
 // q_empty), `pair_base` their pairs (the KvStage of each pair).
 template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK>& ss,
+__device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
                                              const ProducerThread& pt, const WorkUnit& w, int unit_count,
                                              int pair_base) {
   // Copies of pt's fields: read through pt instead, the producer compiles to different code (every
@@ -186,7 +186,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 
 // The producer warpgroup's role: produce_unit for each of the CTA's work units.
 template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK>& ss, int head_blocks,
+__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss, int head_blocks,
                                              int n_units) {
   const ProducerThread pt = producer_thread();
   WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);

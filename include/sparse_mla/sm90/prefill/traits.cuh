@@ -44,6 +44,8 @@ enum class Tile {
 //   kSplits         the tile runs the tail split (split.cuh)
 //   kCopiesArrive   how the producer hands a block over (copies_arrive, pipeline.cuh)
 //   row_token_head  the query token and head of a tile row
+//   SharedMembers   SharedMembers<Base>: Base, the shared memory every tile has before the tile's
+//                   own members, then those members (SharedStorage)
 template <Tile TILE>
 struct TileTraits;
 
@@ -98,11 +100,19 @@ enum NamedBarrierId : int {
   kSplitMerge = 4,   // split.cuh: this part is published; then, whether this CTA merges the item
 };
 
+// The kernel's shared memory, SharedStorage<D_QK, TILE> below: a chain of parts, each deriving from the
+// one before and laid out after it. The operand tiles and the per-row state come first, every tile's;
+// then the tile's own members (TileTraits<TILE>::SharedMembers, in its file under tiles/); then the
+// tail split's flag and the pipeline's mbarriers, every tile's again. A chain and not several base
+// classes: every part starts at the storage's address, so each member is that address plus a
+// constant (through a base class at another offset, the compiler tests the storage's address for
+// null at every access, and the code changes).
+//
 // Every operand tile is K-major with the 64-byte swizzle: column blocks of 64 bytes, block b at
 // b * rows * 64, row r at r * 64 inside it, 16-byte chunk c (0..3) of the block at
 // (c ^ ((r >> 1) & 3)) * 16. Tiles are 1024-byte aligned (the swizzle repeats every 512 bytes).
 template <int D_QK>
-struct SharedStorage {
+struct SharedOperands {
   static constexpr int TILE_BYTES = B_TOPK * D_QK;  // 64 rows of D_QK e4m3
   static_assert(B_H == B_TOPK, "Q and KV tiles share one layout");
 
@@ -113,15 +123,25 @@ struct SharedStorage {
                                                          // columns slots in the P.V K order (consumer.cuh);
                                                          // double-buffered: P of pair p + 1 is written
                                                          // while P.V of pair p still reads pair p's
+};
+// Per-row state: the blocks' valid bits, and the softmax's and the epilogue's per-head exchanges
+// between the consumers. With a base class it is no POD, so (Itanium C++ ABI) a class derived from it
+// lays out its members from out_scale's end, in SharedRows' padding to a multiple of 1,024 bytes: the
+// tile's own members follow the rows directly.
+template <int D_QK>
+struct SharedRows : SharedOperands<D_QK> {
   uint64_t valid[NUM_STAGES][2];                         // bit r: row r of kv[stage][block] is a valid slot
   float row_max[2][B_H];    // consumer w's row maxima (log2 units): of its block when a reference
                             // moves, of all its blocks in the epilogue
   float alpha[2][B_H];      // rescale factor of O per head for the pair (a copy per consumer)
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
-  float head_max[2][4][NARROW_HEADS];  // narrow tile: per consumer and warp, a head's max (exact path, epilogue)
-  float head_sum[2][4][NARROW_HEADS];  // narrow tile epilogue: per consumer and warp, a head's sum
-  float head_reference[NARROW_HEADS];  // narrow tile epilogue: each head's reference
+};
+// The kernel's shared memory with tile TILE. The tile's own members sit between the rows and the
+// barriers, where the wide tile keeps free bytes that hold its barriers where they were measured
+// (tiles/wide.cuh).
+template <int D_QK, Tile TILE>
+struct SharedStorage : TileTraits<TILE>::template SharedMembers<SharedRows<D_QK>> {
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done
@@ -130,13 +150,6 @@ struct SharedStorage {
                                          // (kv_full_arrivals)
   uint64_t kv_empty[NUM_STAGES][2];      // both consumers have read the block's rows into registers
                                          // and finished their Q.K^T on it (KV_EMPTY_ARRIVALS)
-  // Token groups' members last, so that the other members keep their offsets in every tile's code.
-  uint64_t row_valid[NUM_STAGES][2][B_H];  // token groups: bit r of [stage][block][row]: slot r of the
-                                           // block is valid for the token of tile row `row` (its mask,
-                                           // copied by cp.async; rows past the group's take its last
-                                           // token's: they are zero in Q and never stored)
-  int2 group_unit[2];  // grouped tile, [unit count % 2]: the unit's group and pairs, from the producer
-                       // to the consumers (producer.cuh, before its q_full arrival)
 };
 
 // Accumulators and softmax state a consumer thread carries from its pair loop (consumer.cuh) to the
@@ -158,11 +171,12 @@ constexpr int PART_STAT_FLOATS = NUM_CONSUMER_THREADS * 4;  // row_sum and row_m
 constexpr int PART_FLOATS = PART_O_FLOATS + PART_STAT_FLOATS + B_H;
 constexpr int MAX_SPLIT_PARTS = 4;
 
-template <int D_QK>
+// The dynamic shared memory of tile TILE's kernel (launch.cuh), checked against the limit where the
+// kernel is instantiated (kernel.cuh).
+template <int D_QK, Tile TILE>
 constexpr int shared_storage_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<D_QK>));
+  return static_cast<int>(sizeof(SharedStorage<D_QK, TILE>));
 }
 constexpr int SHARED_MEMORY_PER_BLOCK = 232448;  // SM90's opt-in limit of dynamic shared memory, 227 KB
-static_assert(sizeof(SharedStorage<576>) <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
 
 }  // namespace sparse_mla::sm90::prefill

@@ -15,6 +15,17 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// The grouped tile's own shared memory (SharedStorage, traits.cuh).
+template <typename Base>
+struct GroupedSharedMembers : Base {
+  uint64_t row_valid[NUM_STAGES][2][B_H];  // bit r of [stage][block][row]: slot r of the block is valid
+                                           // for the token of tile row `row` (its mask, copied by
+                                           // cp.async; rows past the group's take its last token's:
+                                           // they are zero in Q and never stored)
+  int2 group_unit[2];  // [unit count % 2]: the unit's group and pairs, from the producer to the
+                       // consumers (producer.cuh, before its q_full arrival)
+};
+
 // The grouped tile's mask: rows h = 0, 1 of the thread belong to different tokens, each with its own
 // slots. Only the thread's 16 slots per row are kept, in one register (the pair loop has none to spare).
 struct RowMask {
@@ -46,8 +57,8 @@ struct RowMask {
 // In shared memory, in the softmax's rare exact path: clearing the V fragments in the pair loop's
 // registers instead put a branch on every pair's path into P.V, which slowed every grouped call
 // (docs/lab.md, Experiment 127).
-template <int D_QK>
-__device__ __forceinline__ void clear_v_nans(SharedStorage<D_QK>& ss, int stage, int wg) {
+template <int D_QK, Tile TILE>
+__device__ __forceinline__ void clear_v_nans(SharedStorage<D_QK, TILE>& ss, int stage, int wg) {
   constexpr int V_VECTORS = B_TOPK * D_V / 16;  // column blocks 0 .. D_V / 64: the tile's first bytes
   uint4* const tile = reinterpret_cast<uint4*>(ss.kv[stage][wg]);
   const auto cleared = [](uint32_t x) { return x & ~prmt((x & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u); };
@@ -70,7 +81,7 @@ struct RowValidWords {
   __device__ __forceinline__ RowMask mask() const { return RowMask::of_rows(row0, row1, static_cast<int>(threadIdx.x) & 3); }
 };
 template <int D_QK>
-__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK>& ss, int stage, int wg) {
+__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK, Tile::kGrouped>& ss, int stage, int wg) {
   const int tid = static_cast<int>(threadIdx.x), row = ((tid >> 1) & 0x30) | ((tid >> 2) & 7);
   return {ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8]};
 }
@@ -96,6 +107,8 @@ struct TileTraits<Tile::kGrouped> {
   static constexpr bool kGroups = true;
   static constexpr bool kSplits = false;
   static constexpr bool kCopiesArrive = false;
+  template <typename Base>
+  using SharedMembers = GroupedSharedMembers<Base>;
   // Tile row `row` (q_row the group's first token, head_begin 0) holds head row % h_q of token
   // q_row + row / h_q. Rows from num_heads on do not exist (zero in Q, never stored).
   __device__ __forceinline__ static int2 row_token_head(const PrefillParams& params, int q_row, int, int row) {

@@ -12,6 +12,16 @@
 
 namespace sparse_mla::sm90::prefill {
 
+// The wide tile's own shared memory (SharedStorage, traits.cuh): no members, but bytes kept free. When
+// every tile's storage held every tile's members, the narrow tiles' (as many bytes as these) came
+// before the barriers, and the wide tile measured slower with its barriers moved up by that much
+// (docs/lab.md, per-tile shared storage): they stay where they were, until a layout without the free
+// bytes measures as fast.
+template <typename Base>
+struct WideSharedMembers : Base {
+  uint8_t unused[2176];
+};
+
 // Which of this thread's logits of a block have a valid slot: the wide tile's mask, one for all rows.
 struct BlockMask {
   static constexpr bool kSharedByTokens = false;  // see RowMask
@@ -27,6 +37,8 @@ struct TileTraits<Tile::kWide> {
   static constexpr bool kGroups = false;
   static constexpr bool kSplits = true;
   static constexpr bool kCopiesArrive = false;
+  template <typename Base>
+  using SharedMembers = WideSharedMembers<Base>;
   // Tile row `row` holds head head_begin + row of token q_row. Rows from num_heads on do not exist
   // (zero in Q, never stored).
   __device__ __forceinline__ static int2 row_token_head(const PrefillParams&, int q_row, int head_begin, int row) {
