@@ -65,6 +65,24 @@ def incumbent_call(dispatch, inputs: dict, shape: dict):
     return call, outputs
 
 
+PADDED_HEADS = 64  # the incumbent's head block: q is padded to a multiple of it
+
+
+def padded_heads(h_q: int) -> int:
+    return -(-h_q // PADDED_HEADS) * PADDED_HEADS
+
+
+def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
+    """The incumbent (incumbent_call) on q padded with zero heads to a multiple of 64, as serving
+    engines call it."""
+    q = inputs["q"]
+    s_q, h_q, d_qk = q.shape
+    padded = torch.zeros(s_q, padded_heads(h_q), d_qk, dtype=q.dtype, device=q.device)
+    padded[:, :h_q] = q
+    shape = dict(s_q=s_q, s_kv=s_kv, h_q=padded.shape[1], d_qk=d_qk, topk=inputs["indices"].shape[2])
+    return incumbent_call(dispatch, dict(inputs, q=padded), shape)[0]
+
+
 def git_commit() -> str:
     """HEAD of the checkout, or $SPARSE_MLA_COMMIT where the tree was copied without .git (GPU hosts)."""
     if os.environ.get("SPARSE_MLA_COMMIT"):

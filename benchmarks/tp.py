@@ -34,7 +34,8 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ is no package
-from common import INDEX_PATTERNS, RESULTS_DIR, git_commit, incumbent_call, pattern_indices, waiting_columns  # noqa: E402
+from common import (INDEX_PATTERNS, RESULTS_DIR, git_commit, padded_incumbent_call, pattern_indices,  # noqa: E402
+                    waiting_columns)
 
 from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (  # noqa: E402
@@ -50,7 +51,6 @@ HEAD_COUNTS = (8, 16, 32, 64, 128)
 S_Q = (1024, 4096)
 S_KV = (8192, 131072)
 D_QK, TOPK, D_V = 576, 2048, 512
-PADDED_HEADS = 64  # the incumbent's head block: q is padded to a multiple of it
 CHECK_ROWS = 16
 
 
@@ -70,21 +70,6 @@ def per_head_cost(rows: list[dict]) -> None:
         base = reference.get((r["s_q"], r["s_kv"], r["indices"]))
         r["per_head_vs_64"] = None if base is None else r["ms"] / r["h_q"] / (base / 64)
         r["vs_padded"] = None if base is None or r["h_q"] >= 64 else base / r["ms"]
-
-
-def padded_heads(h_q: int) -> int:
-    return -(-h_q // PADDED_HEADS) * PADDED_HEADS
-
-
-def padded_incumbent_call(dispatch, inputs: dict, s_kv: int):
-    """The incumbent (common.py's call) on q padded with zero heads to a multiple of 64, as serving
-    engines call it."""
-    q = inputs["q"]
-    s_q, h_q, d_qk = q.shape
-    padded = torch.zeros(s_q, padded_heads(h_q), d_qk, dtype=q.dtype, device=q.device)
-    padded[:, :h_q] = q
-    shape = dict(s_q=s_q, s_kv=s_kv, h_q=padded.shape[1], d_qk=d_qk, topk=TOPK)
-    return incumbent_call(dispatch, dict(inputs, q=padded), shape)[0]
 
 
 def measure_cell(s_q: int, s_kv: int, pattern: str, args: argparse.Namespace, dispatch=None) -> list[dict]:

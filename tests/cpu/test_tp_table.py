@@ -1,5 +1,6 @@
 """benchmarks/tp.py's arithmetic: useful FLOPs, the per-(token, head) cost against h_q 64, the padding
-the incumbent is called with. tp.py is imported by path (benchmarks/ is no package); no GPU needed."""
+the incumbent is called with (common.py). The scripts are imported by path (benchmarks/ is no
+package); no GPU needed."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def test_the_table_marks_a_few_head_row_slower_than_padding(tp):
 
 
 @pytest.mark.parametrize("h_q, padded", [(1, 64), (8, 64), (64, 64), (65, 128), (128, 128)])
-def test_the_incumbent_gets_q_padded_to_64_heads(tp, h_q, padded):
-    assert tp.padded_heads(h_q) == padded
+def test_the_incumbent_gets_q_padded_to_64_heads(common, h_q, padded):
+    assert common.padded_heads(h_q) == padded
 
 
 def test_the_table_prints_every_row_and_a_dash_where_no_h_q_64_row_exists(tp):
