@@ -406,14 +406,13 @@ template <int TOPK>
 void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> topk_length, int64_t s_kv,
                       int64_t h_q, int64_t group_size, double max_union_ratio, ffi::TensorView group_indices,
                       ffi::TensorView group_masks, ffi::TensorView group_length, ffi::TensorView group_units) {
-  if (indices.device().device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
-  detail::check_group_size<TOPK>(h_q, group_size);
-  detail::check_token_group_lists<TOPK>(indices.size(0), group_size, indices.device(), group_indices, group_masks,
-                                        group_length, group_units);
   const detail::TokenGroupLists lists{detail::data_of<uint64_t>(group_masks), detail::data_of<int32_t>(group_indices),
                                       detail::data_of<int32_t>(group_length), detail::data_of<int32_t>(group_units)};
   const TokenGroupParams params =
       detail::token_group_params<TOPK>(indices, topk_length, s_kv, group_size, max_union_ratio, lists);
+  detail::check_group_size<TOPK>(h_q, group_size);
+  detail::check_token_group_lists<TOPK>(params.s_q, group_size, indices.device(), group_indices, group_masks,
+                                        group_length, group_units);
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(indices.device().device_id);
   detail::check_launch(sm90::prefill::launch_token_groups<TOPK>(params, detail::current_stream(indices.device())),
