@@ -19,6 +19,7 @@ batch-invariant mode (a row's group depends on its position in the call).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -29,7 +30,8 @@ from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
 from sparse_mla.jit.key import GROUPED_CALL_FUNCTION, SPLIT_CALL_FUNCTION
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_bytes"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_bytes",
+           "token_group_list_shapes"]
 
 
 class _Device(NamedTuple):
@@ -245,18 +247,21 @@ def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) ->
         function(*args[:ENTRY_ARGS], call_plan.split_begin, call_plan.split_parts, scratch)
 
 
-def token_group_bytes(s_q: int, group: int, topk: int) -> int:
-    """Bytes of the pre-pass's lists for s_q tokens in groups of ``group`` (entry.cuh,
-    token_group_layout): per group its 64-bit owner masks (per block of 64 entries that a pair of blocks
-    can read, one word per token; traits.cuh), its list of kv rows (int32) and its length (int32), then
-    the two launches' unit lists (int32: their two lengths, then at most every group, then at most
-    every token; traits.cuh's group_units_size), each at a 16-byte boundary. All uninitialized: the
-    pre-pass's launch zeroes the two lengths before it appends to the lists."""
+def token_group_list_shapes(s_q: int, group: int, topk: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """Shape and dtype of each of the pre-pass's lists for s_q tokens in groups of ``group``, in the
+    order entry.cuh lays them out in a call's scratch (token_group_layout): per group its 64-bit owner
+    masks (per block of 64 entries that a pair of blocks can read, one word per token; traits.cuh), its
+    list of kv rows (int32) and its length (int32), then the two launches' unit lists (int32: their two
+    lengths, then at most every group, then at most every token; traits.cuh's group_units_size)."""
     groups = (s_q + group - 1) // group
     mask_blocks = (group * topk + 2 * _B_TOPK - 1) // (2 * _B_TOPK) * 2
+    return (((groups, mask_blocks, group), torch.int64), ((groups, group * topk), torch.int32),
+            ((groups,), torch.int32), ((2 + groups + s_q,), torch.int32))
 
-    def aligned(nbytes: int) -> int:
-        return (nbytes + 15) // 16 * 16
 
-    return aligned(8 * groups * mask_blocks * group) + aligned(4 * groups * group * topk) + aligned(4 * groups) + \
-        4 * (2 + groups + s_q)
+def token_group_bytes(s_q: int, group: int, topk: int) -> int:
+    """Bytes of the pre-pass's lists (token_group_list_shapes) in a call's scratch, each but the last
+    padded to a 16-byte boundary. All uninitialized: the pre-pass's launch zeroes the unit lists' two
+    lengths before it appends to them."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in token_group_list_shapes(s_q, group, topk)]
+    return sum((size + 15) // 16 * 16 for size in sizes[:-1]) + sizes[-1]

@@ -43,14 +43,9 @@ def launch_with_module(module: Any, args: PrefillArgs, token_groups: Optional[st
 
 
 def token_group_lists(device: torch.device, s_q: int, group: int, topk: int) -> tuple[torch.Tensor, ...]:
-    """Uninitialized tensors for the lists of s_q tokens in groups of ``group`` with topk slots each, as
-    ``token_groups_fwd`` takes them (entry.cuh, check_token_group_lists): per group its list of kv rows
-    (int32), its tokens' owner masks (int64, per block of 64 entries that a pair of blocks can read, one
-    word per token) and its length (int32); and the two launches' unit lists (int32: their two
-    lengths, then at most every group, then at most every token)."""
-    groups = (s_q + group - 1) // group
-    mask_blocks = (group * topk + 127) // 128 * 2
-    return (torch.empty((groups, group * topk), dtype=torch.int32, device=device),
-            torch.empty((groups, mask_blocks, group), dtype=torch.int64, device=device),
-            torch.empty((groups,), dtype=torch.int32, device=device),
-            torch.empty((2 + groups + s_q,), dtype=torch.int32, device=device))
+    """Uninitialized tensors for the lists of s_q tokens in groups of ``group`` with topk slots each
+    (``sparse_mla.launch.token_group_list_shapes``), in the order ``token_groups_fwd`` takes them
+    (entry.cuh, check_token_group_lists): indices, masks, length, unit lists."""
+    masks, indices, length, units = (torch.empty(shape, dtype=dtype, device=device)
+                                     for shape, dtype in _launch.token_group_list_shapes(s_q, group, topk))
+    return indices, masks, length, units
