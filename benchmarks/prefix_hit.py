@@ -1,4 +1,4 @@
-"""A prefix-hit step over the engines' paged FP8 cache, as serving engines run it today.
+"""A prefix-hit step over the engines' paged FP8 cache: as serving engines run it today, and read in place.
 
 Each of ``--batch`` requests holds ``context`` tokens in a paged 656-byte FP8 latent cache (64 rows a
 block, the blocks of all requests shuffled together; the new tokens' rows are written before
@@ -10,9 +10,11 @@ flushed before each, the calls interleaved (`interleaved_median_ms`):
   requantize to e4m3 at scale 1.0, append topk zero rows), also as us per 64K context rows;
 - ours, incumbent: the contiguous kernels alone on the pass's output (the incumbent on q padded to
   64 heads);
+- (a) sparse_mla_q8kv8_paged_prefill_fwd on the cache as it is (no pass);
 - (b) pass + ours, (c) pass + incumbent: the step as an engine runs it with either kernel;
-- err: ours on the pass's output against the float64 reference over the dequantized cache, for the
-  first request's first 16 tokens (the engines' path's error: nope values rounded twice, rope once).
+- err (a), err (b): (a), and ours on the pass's output (the engines' path: nope values rounded twice,
+  rope once), against the float64 reference over the dequantized cache, for the first request's first
+  16 tokens.
 
     python benchmarks/prefix_hit.py --incumbent .incumbent/sglang_q8kv8.so --json prefix_hit.json
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/ 
 from common import git_commit, padded_incumbent_call  # noqa: E402
 from engine_pass import engine_pass  # noqa: E402
 
-from sparse_mla import sparse_mla_q8kv8_prefill_fwd  # noqa: E402
+from sparse_mla import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import (PRESETS, interleaved_median_ms, poisoned_outputs, quantize_fp8,  # noqa: E402
                                 quantize_paged_cache, random_latent, realistic_indices, reference_prefill_paged,
                                 relative_error)
@@ -83,8 +85,13 @@ def measure(batch: Batch, s_q: int, h_q: int, dispatch, iters: int, seed: int) -
     def ours(kv_buffer):
         sparse_mla_q8kv8_prefill_fwd(q, kv_buffer, buffer_indices, sm_scale, q_scale, kv_scale, **outputs)
 
+    paged_outputs = poisoned_outputs(tokens, h_q, 512)
+
+    def paged():
+        sparse_mla_q8kv8_paged_prefill_fwd(q, batch.cache, paged_indices, sm_scale, q_scale, **paged_outputs)
+
     calls = {"pass": lambda: engine_pass(batch.cache, batch.rows, TOPK), "ours": lambda: ours(kv),
-             "(b)": lambda: ours(engine_pass(batch.cache, batch.rows, TOPK))}
+             "(b)": lambda: ours(engine_pass(batch.cache, batch.rows, TOPK)), "(a)": paged}
     if dispatch is not None:
         inputs = dict(q=q, kv=kv, indices=buffer_indices, q_scale=q_scale, kv_scale=kv_scale, d_v=512,
                       sm_scale=sm_scale)
@@ -94,11 +101,13 @@ def measure(batch: Batch, s_q: int, h_q: int, dispatch, iters: int, seed: int) -
     times = interleaved_median_ms(calls, iters=iters)
 
     ours(kv)
+    paged()
     checked = slice(0, CHECKED_TOKENS)
     expected = reference_prefill_paged(q[checked], batch.cache, paged_indices[checked], sm_scale, q_scale)
     row = dict(requests=batch.requests, context=batch.context, s_q=s_q, h_q=h_q, context_rows=batch.rows.numel(),
                pass_us_per_64k_rows=times["pass"] * 1e3 * 65536 / batch.rows.numel(),
-               engine_path_out_rel_err=relative_error(outputs["out"][checked], expected[0]))
+               engine_path_out_rel_err=relative_error(outputs["out"][checked], expected[0]),
+               paged_out_rel_err=relative_error(paged_outputs["out"][checked], expected[0]))
     row.update({f"{name}_ms": ms for name, ms in times.items()})
     return row
 
@@ -106,14 +115,17 @@ def measure(batch: Batch, s_q: int, h_q: int, dispatch, iters: int, seed: int) -
 def format_table(rows: list[dict]) -> str:
     side = "incumbent_ms" in rows[0]
     head = (f"{'req':>3} {'context':>7} {'s_q':>5} {'h_q':>4} | {'pass us':>8} {'/64K':>6} | {'ours':>8} {'(b)':>8}"
-            + (f" | {'incumbent':>9} {'(c)':>8}" if side else "") + f" | {'pass/(b)':>8} | {'err (b)':>8}")
+            + (f" | {'incumbent':>9} {'(c)':>8}" if side else "")
+            + f" | {'pass/(b)':>8} | {'(a)':>8} {'(b)/(a)':>7} {'saved':>6} | {'err (a)':>8} {'err (b)':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         line = (f"{r['requests']:>3} {r['context']:>7} {r['s_q']:>5} {r['h_q']:>4} | {r['pass_ms'] * 1e3:>8.1f} "
                 f"{r['pass_us_per_64k_rows']:>6.1f} | {r['ours_ms'] * 1e3:>8.1f} {r['(b)_ms'] * 1e3:>8.1f}")
         if side:
             line += f" | {r['incumbent_ms'] * 1e3:>9.1f} {r['(c)_ms'] * 1e3:>8.1f}"
-        line += f" | {r['pass_ms'] / r['(b)_ms']:>8.2f} | {r['engine_path_out_rel_err']:>8.2e}"
+        saved = (r['(b)_ms'] - r['(a)_ms']) / r['pass_ms']  # of the pass's time
+        line += (f" | {r['pass_ms'] / r['(b)_ms']:>8.2f} | {r['(a)_ms'] * 1e3:>8.1f} {r['(b)_ms'] / r['(a)_ms']:>7.2f}"
+                 f" {saved:>6.2f} | {r['paged_out_rel_err']:>8.2e} {r['engine_path_out_rel_err']:>8.2e}")
         lines.append(line)
     return "\n".join(lines)
 

@@ -231,25 +231,29 @@ inline void check_scale(const ffi::TensorView& t, const char* name, const DLDevi
   if (t.numel() != 1) TVM_FFI_THROW(ValueError) << name << " must have exactly one element, got " << t.numel();
 }
 
-// The checks every launch relies on, then the kernel's parameters of a call without a tail split or
-// token groups (launch_prefill); the split and grouped entries add theirs.
-template <int D_QK, int TOPK>
-PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv, const ffi::TensorView& indices,
-                             const ffi::TensorView& q_scale, const ffi::TensorView& kv_scale,
-                             const ffi::Optional<ffi::TensorView>& attn_sink,
-                             const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
-                             const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
-  constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
+constexpr int kFloat8E4M3FN = 10;  // DLPack's code for float8_e4m3fn
+
+// q [s_q, h_q, D_QK] e4m3 on a CUDA device; returns that device.
+template <int D_QK>
+DLDevice checked_q_device(const ffi::TensorView& q) {
   const DLDevice device = q.device();
   if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "q must be a CUDA tensor";
-
   check_tensor(q, "q", device, kFloat8E4M3FN, 8, {-1, -1, D_QK});
+  return device;
+}
+
+// The checks every launch relies on besides its kv rows' (s_kv of them), then the kernel's parameters
+// of a call without a tail split or token groups (launch_prefill), kv's fields left for the caller; the
+// split and grouped entries add theirs.
+template <int D_QK, int TOPK>
+PrefillParams call_params(const ffi::TensorView& q, int64_t s_kv, const ffi::TensorView& indices,
+                          const ffi::TensorView& q_scale, const ffi::Optional<ffi::TensorView>& attn_sink,
+                          const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
+                          const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
+  const DLDevice device = q.device();
   const int64_t s_q = q.size(0), h_q = q.size(1);
-  check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
-  const int64_t s_kv = kv.size(0);
   check_selections<TOPK>(indices, topk_length, device, s_q);
   check_scale(q_scale, "q_scale", device);
-  check_scale(kv_scale, "kv_scale", device);
   check_tensor(out, "out", device, kDLBfloat, 16, {s_q, h_q, D_V});
   check_tensor(max_logits, "max_logits", device, kDLFloat, 32, {s_q, h_q});
   check_tensor(lse, "lse", device, kDLFloat, 32, {s_q, h_q});
@@ -266,7 +270,6 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
                               << ", s_kv " << s_kv << " (s_q * ceil(h_q / 64) must not exceed " << kMaxItems << ")";
   }
   check_aligned_rows(q, "q");
-  check_aligned_rows(kv, "kv");
 
   PrefillParams params{};
   params.s_q = static_cast<int>(s_q);
@@ -275,14 +278,11 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
   params.q = data_of<const fp8_e4m3>(q);
   params.q_stride_s = q.stride(0);
   params.q_stride_h = q.stride(1);
-  params.kv = data_of<const fp8_e4m3>(kv);
-  params.kv_stride_s = kv.stride(0);
   params.indices = data_of<const int32_t>(indices);
   params.topk_length =
       topk_length.has_value() ? data_of<const int32_t>(*topk_length) : nullptr;
   params.attn_sink = attn_sink.has_value() ? data_of<const float>(*attn_sink) : nullptr;
   params.q_scale = data_of<const float>(q_scale);
-  params.kv_scale = data_of<const float>(kv_scale);
   params.sm_scale = sm_scale;
   params.out = data_of<bf16>(out);
   params.out_stride_s = out.stride(0);
@@ -297,6 +297,82 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
   params.split_parts = 1;
   params.group_size = 1;  // no token groups
   return params;
+}
+
+// call_params of a call over contiguous kv rows: kv [s_kv, 1, D_QK] e4m3 at one scale, kv_scale.
+template <int D_QK, int TOPK>
+PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv, const ffi::TensorView& indices,
+                             const ffi::TensorView& q_scale, const ffi::TensorView& kv_scale,
+                             const ffi::Optional<ffi::TensorView>& attn_sink,
+                             const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
+                             const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
+  const DLDevice device = checked_q_device<D_QK>(q);
+  check_tensor(kv, "kv", device, kFloat8E4M3FN, 8, {-1, 1, D_QK});
+  check_scale(kv_scale, "kv_scale", device);
+  PrefillParams params = call_params<D_QK, TOPK>(q, kv.size(0), indices, q_scale, attn_sink, topk_length, out,
+                                                 max_logits, lse, sm_scale);
+  check_aligned_rows(kv, "kv");
+  params.kv = data_of<const fp8_e4m3>(kv);
+  params.kv_stride_s = kv.stride(0);
+  params.kv_scale = data_of<const float>(kv_scale);
+  return params;
+}
+
+// call_params of a call over the engines' paged cache (sm90/prefill/gather.cuh, PagedRows): kv_cache
+// [num_blocks, block_size, 1, 656] of any 1-byte dtype, each block's rows contiguous, blocks at a
+// stride of whole 16-byte units (the producer copies 16-byte chunks), starting at a 16-byte boundary.
+template <int D_QK, int TOPK>
+PrefillParams paged_prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv_cache,
+                                   const ffi::TensorView& indices, const ffi::TensorView& q_scale,
+                                   const ffi::Optional<ffi::TensorView>& attn_sink,
+                                   const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
+                                   const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
+  constexpr int kRowBytes = sm90::prefill::PagedRows<D_QK>::ROW_BYTES;
+  const DLDevice device = checked_q_device<D_QK>(q);
+  if (kv_cache.device().device_type != kDLCUDA || kv_cache.device().device_id != device.device_id) {
+    TVM_FFI_THROW(ValueError) << "kv_cache must be on q's device cuda:" << device.device_id;
+  }
+  if (kv_cache.dtype().bits != 8 || kv_cache.dtype().lanes != 1) {
+    TVM_FFI_THROW(ValueError) << "kv_cache must have a 1-byte dtype, got " << int(kv_cache.dtype().bits) << " bits";
+  }
+  if (kv_cache.ndim() != 4 || kv_cache.size(2) != 1 || kv_cache.size(3) != kRowBytes) {
+    TVM_FFI_THROW(ValueError) << "kv_cache must be [num_blocks, block_size, 1, " << kRowBytes << "]";
+  }
+  const int64_t num_blocks = kv_cache.size(0), block_size = kv_cache.size(1);
+  if (kv_cache.stride(3) != 1 || (block_size > 1 && kv_cache.stride(1) != kRowBytes)) {
+    TVM_FFI_THROW(ValueError) << "kv_cache's rows must be contiguous within a block (" << kRowBytes << " bytes apart)";
+  }
+  if (reinterpret_cast<uintptr_t>(data_of<char>(kv_cache)) % 16 != 0 || (num_blocks > 1 && kv_cache.stride(0) % 16 != 0)) {
+    TVM_FFI_THROW(ValueError) << "kv_cache must start at a 16-byte boundary with a block stride that is a multiple of 16";
+  }
+  PrefillParams params = call_params<D_QK, TOPK>(q, num_blocks * block_size, indices, q_scale, attn_sink, topk_length,
+                                                 out, max_logits, lse, sm_scale);
+  params.kv = data_of<const fp8_e4m3>(kv_cache);
+  params.kv_stride_s = kRowBytes;
+  params.kv_block_size = static_cast<int>(block_size);
+  params.kv_block_stride = kv_cache.stride(0);
+  return params;
+}
+
+// A tail split (sm90/prefill/split.cuh) into `params` of an ordinary call: the work items from
+// split_begin on cut into split_parts (2 .. MAX_SPLIT_PARTS) parts, whose states and counters `scratch`
+// holds (scratch_of).
+inline void set_tail_split(PrefillParams& params, int64_t split_begin, int64_t split_parts,
+                           const ffi::TensorView& scratch, const DLDevice& device) {
+  using sm90::prefill::MAX_SPLIT_PARTS;
+  const int64_t items = params.split_begin;
+  const int64_t split_items = items - split_begin;
+  if (split_parts < 2 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 1 ||
+      split_begin + split_items * split_parts > kMaxItems) {
+    TVM_FFI_THROW(ValueError) << "inconsistent tail split: split_begin " << split_begin << ", split_parts "
+                              << split_parts << " for " << items << " work items";
+  }
+  const int64_t workspace_bytes = split_workspace_bytes(split_items, split_parts);
+  uint8_t* const base = scratch_of(scratch, workspace_bytes + split_items * 4, device);
+  params.split_begin = static_cast<int>(split_begin);
+  params.split_parts = static_cast<int>(split_parts);
+  params.split_workspace = reinterpret_cast<float*>(base);
+  params.split_counters = reinterpret_cast<int32_t*>(base + workspace_bytes);
 }
 
 // The caller's current stream on q's device, as tvm-ffi took it from torch.
@@ -343,23 +419,42 @@ void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView in
                        ffi::TensorView scratch) {
   PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
                                                             topk_length, out, max_logits, lse, sm_scale);
-  using sm90::prefill::MAX_SPLIT_PARTS;
-  const int64_t items = params.split_begin;
-  const int64_t split_items = items - split_begin;
-  if (split_parts < 2 || split_parts > MAX_SPLIT_PARTS || split_begin < 0 || split_items < 1 ||
-      split_begin + split_items * split_parts > detail::kMaxItems) {
-    TVM_FFI_THROW(ValueError) << "inconsistent tail split: split_begin " << split_begin << ", split_parts "
-                              << split_parts << " for " << items << " work items";
-  }
-  const DLDevice device = q.device();
-  const int64_t workspace_bytes = detail::split_workspace_bytes(split_items, split_parts);
-  uint8_t* const base = detail::scratch_of(scratch, workspace_bytes + split_items * 4, device);
-  params.split_begin = static_cast<int>(split_begin);
-  params.split_parts = static_cast<int>(split_parts);
-  params.split_workspace = reinterpret_cast<float*>(base);
-  params.split_counters = reinterpret_cast<int32_t*>(base + workspace_bytes);
-  ffi::CUDADeviceGuard device_guard(device.device_id);
-  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(device)),
+  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device());
+  ffi::CUDADeviceGuard device_guard(q.device().device_id);
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(q.device())),
+                       "prefill kernel");
+}
+
+// An ordinary call over the engines' paged FP8 cache (sm90/prefill/gather.cuh, PagedRows): arguments as
+// prefill_fwd's, with kv_cache [num_blocks, block_size, 1, 656] (any 1-byte dtype) for kv and no
+// kv_scale (each row carries its scales); indices name rows block * block_size + offset. Runs the wide
+// tile (launch_prefill).
+template <int D_QK, int TOPK>
+void prefill_paged_fwd(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView indices, ffi::TensorView q_scale,
+                       ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
+                       ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale) {
+  const PrefillParams params = detail::paged_prefill_params<D_QK, TOPK>(q, kv_cache, indices, q_scale, attn_sink,
+                                                                        topk_length, out, max_logits, lse, sm_scale);
+  if (params.s_q == 0) return;
+  ffi::CUDADeviceGuard device_guard(q.device().device_id);
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(
+                           params, false, detail::current_stream(q.device())),
+                       "prefill kernel");
+}
+
+// prefill_paged_fwd with a tail split, its last arguments as prefill_split_fwd's.
+template <int D_QK, int TOPK>
+void prefill_paged_split_fwd(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView indices,
+                             ffi::TensorView q_scale, ffi::Optional<ffi::TensorView> attn_sink,
+                             ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out,
+                             ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale, int64_t split_begin,
+                             int64_t split_parts, ffi::TensorView scratch) {
+  PrefillParams params = detail::paged_prefill_params<D_QK, TOPK>(q, kv_cache, indices, q_scale, attn_sink,
+                                                                  topk_length, out, max_logits, lse, sm_scale);
+  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device());
+  ffi::CUDADeviceGuard device_guard(q.device().device_id);
+  detail::check_launch(sm90::launch_prefill<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(
+                           params, false, detail::current_stream(q.device())),
                        "prefill kernel");
 }
 

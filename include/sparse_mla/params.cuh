@@ -70,6 +70,12 @@ struct PrefillParams {
   const uint64_t* group_masks;
   const int32_t* group_length;    // [ceil(s_q / G)]: entries of the group's list, or -1
   const int32_t* group_units;     // [group_units_size(s_q, G)]: the pre-pass's two unit lists (token_groups/)
+
+  // The paged layout (sm90/prefill/gather.cuh, PagedRows): kv is the cache's first byte, s_kv its rows
+  // (blocks * kv_block_size), and row i lies at block i / kv_block_size, row i % kv_block_size of it.
+  // kv_stride_s and kv_scale are unused (each row carries its scales).
+  int kv_block_size;
+  int64_t kv_block_stride;  // bytes
 };
 
 // The arguments of the pre-pass that builds the token groups' lists (token_groups/).

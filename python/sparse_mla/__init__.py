@@ -35,23 +35,24 @@ __all__ = [
     "SparseMLAError",
     "ToolchainError",
     "UnsupportedGPUError",
+    "sparse_mla_q8kv8_paged_prefill_fwd",
     "sparse_mla_q8kv8_prefill_fwd",
     "warmup",
 ]
 
 
 if TYPE_CHECKING:
-    # What a type checker sees: the two lazy names with their real signatures.
-    from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
+    # What a type checker sees: the lazy names with their real signatures.
+    from sparse_mla.api import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd
     from sparse_mla.jit import warmup
 
 
 def __getattr__(name: str) -> object:
     # The API module imports torch; load it on first use (PEP 562).
-    if name == "sparse_mla_q8kv8_prefill_fwd":
-        from sparse_mla.api import sparse_mla_q8kv8_prefill_fwd
+    if name in ("sparse_mla_q8kv8_prefill_fwd", "sparse_mla_q8kv8_paged_prefill_fwd"):
+        from sparse_mla import api
 
-        return sparse_mla_q8kv8_prefill_fwd
+        return getattr(api, name)
     if name == "warmup":
         from sparse_mla.jit import warmup
 

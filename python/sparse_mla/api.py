@@ -1,4 +1,5 @@
-"""The public entry point: sparse_mla_q8kv8_prefill_fwd.
+"""The public entry points: sparse_mla_q8kv8_prefill_fwd, and sparse_mla_q8kv8_paged_prefill_fwd over the
+serving engines' paged FP8 cache.
 
 The call path is: validate metadata (no device sync) -> allocate missing outputs -> one
 :class:`~sparse_mla.args.PrefillArgs` -> the launch plan (:mod:`sparse_mla.launch`: decided on a shape's
@@ -17,10 +18,11 @@ import torch
 
 from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import env
-from sparse_mla.launch import launch
-from sparse_mla.validate import MISSING, check_pointers, check_row_alignment, validate_prefill_args
+from sparse_mla.launch import launch, launch_paged
+from sparse_mla.validate import (MISSING, check_pointers, check_row_alignment, validate_paged_prefill_args,
+                                 validate_prefill_args)
 
-__all__ = ["sparse_mla_q8kv8_prefill_fwd"]
+__all__ = ["sparse_mla_q8kv8_paged_prefill_fwd", "sparse_mla_q8kv8_prefill_fwd"]
 
 
 def sparse_mla_q8kv8_prefill_fwd(
@@ -155,4 +157,93 @@ def _prefill_op(
 
 @_prefill_op.register_fake
 def _(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, batch_invariant) -> None:
+    return None
+
+
+def sparse_mla_q8kv8_paged_prefill_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    q_scale: torch.Tensor = MISSING,
+    d_v: int = 512,
+    attn_sink: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    *,
+    out: Optional[torch.Tensor] = None,
+    max_logits: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+    batch_invariant: Optional[bool] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sparse_mla_q8kv8_prefill_fwd` over the serving engines' paged FP8 latent cache, read in place.
+
+    Args:
+        kv_cache: ``[num_blocks, block_size, 1, 656]``, ``uint8`` or any 1-byte dtype: one 656-byte row
+            per token as DeepSeek-V3.2-family engines write it (bytes 0-511: 512 ``float8_e4m3fn``
+            "nope" values in 4 tiles of 128; 512-527: the tiles' 4 ``float32`` scales, value =
+            e4m3 * scale; 528-655: the 64 "rope" values in ``bfloat16``, unused at d_qk 512). The rows
+            of a block are contiguous; the block stride is free (a multiple of 16 bytes). Row j's key is
+            its dequantized nope part followed (d_qk 576) by its rope part, its value the nope part.
+        indices: ``[s_q, 1, topk]`` ``int32``: rows ``block * block_size + offset``; anything outside
+            ``[0, num_blocks * block_size)`` is an invalid slot, skipped and never read.
+        q, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse, batch_invariant: as
+            :func:`sparse_mla_q8kv8_prefill_fwd` (there is no kv_scale: each row carries its scales).
+
+    Numerics: the kernel requantizes each gathered row to one scale, its largest tile scale (or its rope's
+    amax / 448 if larger), and applies that scale to the row's logit and its share of ``out`` exactly:
+    the tiles at that scale keep their bytes, every other value (rope included) is rounded once more
+    to e4m3 (relative error at most 2^-4, values below 2^-10 of the row's largest flush to zero). The
+    serving engines' path (dequantize, requantize at scale 1.0, then the contiguous kernel) rounds every
+    value a second time. Every row runs the wide tile (64 heads), with the tail split of a short call.
+    """
+    validate_paged_prefill_args(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits,
+                                lse)
+    if batch_invariant is None:
+        batch_invariant = env.batch_invariant()
+    elif not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+    s_q, h_q, _ = q.shape
+    preallocated = {name: t for name, t in zip(_OUTPUTS, (out, max_logits, lse)) if t is not None}
+    if out is None:
+        out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16)
+    if max_logits is None:
+        max_logits = q.new_empty((s_q, h_q), dtype=torch.float32)
+    if lse is None:
+        lse = q.new_empty((s_q, h_q), dtype=torch.float32)
+    if torch.compiler.is_compiling():
+        torch.ops.sparse_mla.q8kv8_paged_prefill_fwd_(
+            q, kv_cache, indices, q_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale),
+            batch_invariant,
+        )
+        return out, max_logits, lse
+    args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse,
+                       float(sm_scale), batch_invariant)
+    check_pointers(_named_inputs(args), preallocated)
+    launch_paged(args)
+    return out, max_logits, lse
+
+
+@torch.library.custom_op("sparse_mla::q8kv8_paged_prefill_fwd_", mutates_args=("out", "max_logits", "lse"))
+def _paged_prefill_op(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    q_scale: torch.Tensor,
+    attn_sink: Optional[torch.Tensor],
+    topk_length: Optional[torch.Tensor],
+    out: torch.Tensor,
+    max_logits: torch.Tensor,
+    lse: torch.Tensor,
+    sm_scale: float,
+    batch_invariant: bool,
+) -> None:
+    """The paged launch as a torch custom op, for torch.compile (arguments already validated)."""
+    args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse, sm_scale,
+                       batch_invariant)
+    check_pointers(_named_inputs(args), dict(zip(_OUTPUTS, args[7:10])))
+    launch_paged(args)
+
+
+@_paged_prefill_op.register_fake
+def _(q, kv_cache, indices, q_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale, batch_invariant) -> None:
     return None

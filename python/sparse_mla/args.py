@@ -22,7 +22,7 @@ class PrefillArgs(NamedTuple):
     kv: torch.Tensor
     indices: torch.Tensor
     q_scale: torch.Tensor
-    kv_scale: torch.Tensor
+    kv_scale: Optional[torch.Tensor]  # None in a call over the paged cache (kv is the cache)
     attn_sink: Optional[torch.Tensor]
     topk_length: Optional[torch.Tensor]
     out: torch.Tensor

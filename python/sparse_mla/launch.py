@@ -27,11 +27,12 @@ import torch
 from sparse_mla.args import ENTRY_ARGS, PrefillArgs
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
-from sparse_mla.jit.key import GROUPED_CALL_FUNCTION, SPLIT_CALL_FUNCTION
+from sparse_mla.jit.key import (GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION,
+                                SPLIT_CALL_FUNCTION)
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "plan", "plan_on", "split_plan", "token_group_bytes",
-           "token_group_list_shapes"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "launch_paged", "paged_plan", "plan", "plan_on",
+           "split_plan", "token_group_bytes", "token_group_list_shapes"]
 
 
 class _Device(NamedTuple):
@@ -196,10 +197,51 @@ def plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, tok
                     token_group_bytes(s_q, group, topk))
     split_begin, split_parts = split_plan(items, num_sms, topk, batch_invariant, narrow=h_q <= NARROW_HEADS)
     if split_parts > 1:
-        split_items = items - split_begin
-        scratch_bytes = 4 * split_items * (split_parts * SPLIT_PART_FLOATS + 1)
-        return Plan(SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0, scratch_bytes)
+        return Plan(SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0,
+                    _split_scratch_bytes(items, split_begin, split_parts))
     return Plan(ENTRY_FUNCTION, (_unsplit_tile(h_q),), items, 1, 1, 0.0, 0)
+
+
+def _split_scratch_bytes(items: int, split_begin: int, split_parts: int) -> int:
+    """A split call's scratch: each split item's parts (SPLIT_PART_FLOATS floats each) and its counter."""
+    return 4 * (items - split_begin) * (split_parts * SPLIT_PART_FLOATS + 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def paged_plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool) -> Plan:
+    """The plan of a call over the engines' paged cache: the wide tile at every head count (the producer
+    requantizes paged rows in the wide tile's pipeline only, include/sparse_mla/sm90/prefill/gather.cuh),
+    with the tail split where split_plan cuts the call, and no token groups."""
+    items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
+    split_begin, split_parts = split_plan(items, num_sms, topk, batch_invariant)
+    if split_parts > 1:
+        return Plan(PAGED_SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0,
+                    _split_scratch_bytes(items, split_begin, split_parts))
+    return Plan(PAGED_CALL_FUNCTION, ("wide",), items, 1, 1, 0.0, 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned_paged_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int,
+                         batch_invariant: bool) -> tuple[Plan, Callable[..., None]]:
+    """_planned_entry of a call over the paged cache."""
+    call_plan = paged_plan(s_q, h_q, topk, num_sms(check_hopper(device_index)), batch_invariant)
+    return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
+
+
+def launch_paged(args: PrefillArgs) -> None:
+    """launch for a validated call over the paged cache: ``args.kv`` is the cache, ``args.kv_scale`` None
+    (the paged entries take no kv_scale: each row carries its scales)."""
+    s_q, h_q, d_qk = args.q.shape
+    if s_q == 0:
+        return  # empty outputs, nothing to launch
+    call_plan, function = _planned_paged_entry(args.q.get_device(), d_qk, s_q, h_q, args.indices.shape[2],
+                                               args.batch_invariant)
+    entry_args = (*args[:4], *args[5:ENTRY_ARGS])
+    if call_plan.scratch_bytes == 0:
+        function(*entry_args)
+        return
+    scratch = args.q.new_empty((call_plan.scratch_bytes,), dtype=torch.uint8)
+    function(*entry_args, call_plan.split_begin, call_plan.split_parts, scratch)
 
 
 @functools.lru_cache(maxsize=None)

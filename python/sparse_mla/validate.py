@@ -180,9 +180,11 @@ def _plain(t, cuda: bool, device: int, dtype: torch.dtype, shape: tuple) -> bool
 
 
 def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits,
-                    lse) -> None:
-    """Every check, in the documented order: raises on the first fault."""
-    tensors = (
+                    lse, paged_rows: Optional[int] = None) -> None:
+    """Every check, in the documented order: raises on the first fault. ``paged_rows``: a call over the
+    paged cache (validate_paged_prefill_args, which checked it) of that many rows, without kv and
+    kv_scale."""
+    tensors: tuple[tuple[str, Any], ...] = (
         ("q", q),
         ("kv", kv),
         ("indices", indices),
@@ -194,6 +196,8 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
         ("max_logits", max_logits),
         ("lse", lse),
     )
+    if paged_rows is not None:
+        tensors = tuple((name, t) for name, t in tensors if name not in ("kv", "kv_scale"))
     for name, t in tensors:
         if not isinstance(t, torch.Tensor) and (t is not None or name in _REQUIRED):
             raise TypeError(_not_a_tensor(name, t))
@@ -219,12 +223,12 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
     # Ranks and shapes.
     if q.dim() != 3:
         _fail(f"q must have 3 dimensions [s_q, h_q, d_qk], got shape {list(q.shape)}")
-    if kv.dim() != 3:
+    if paged_rows is None and kv.dim() != 3:
         _fail(f"kv must have 3 dimensions [s_kv, h_kv, d_qk], got shape {list(kv.shape)}")
     if indices.dim() != 3:
         _fail(f"indices must have 3 dimensions [s_q, h_kv, topk], got shape {list(indices.shape)}")
     s_q, h_q, d_qk = q.shape
-    s_kv, h_kv, kv_d_qk = kv.shape
+    s_kv, h_kv, kv_d_qk = kv.shape if paged_rows is None else (paged_rows, H_KV, d_qk)
     topk = indices.shape[2]
     if d_qk not in SUPPORTED_D_QK:
         _fail(f"q.shape[2] (d_qk) must be one of {list(SUPPORTED_D_QK)}, got {d_qk}")
@@ -237,7 +241,7 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
     if d_v != D_V:
         _fail(f"d_v must be {D_V}, got {d_v}")
     for name, scale in (("q_scale", q_scale), ("kv_scale", kv_scale)):
-        if scale.numel() != 1:
+        if scale is not None and scale.numel() != 1:
             _fail(f"{name} must have exactly one element, got shape {list(scale.shape)}")
     if attn_sink is not None:
         _check_shape(attn_sink, "attn_sink", (h_q,), "[h_q]")
@@ -263,7 +267,7 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
         _fail(f"sm_scale must be finite and at most 2^99 = {MAX_SM_SCALE:.3g} in magnitude, got {sm_scale}")
 
     # Strides: q and kv may be views with a contiguous last dimension; the small inputs are contiguous.
-    for name, t in (("q", q), ("kv", kv)):
+    for name, t in (("q", q), ("kv", kv)) if paged_rows is None else (("q", q),):
         _check_last_dim_contiguous(t, name)
         shape, strides = t.shape, t.stride()
         if (shape[0] > 1 and strides[0] % ROW_ALIGNMENT) or (shape[1] > 1 and strides[1] % ROW_ALIGNMENT):
@@ -287,6 +291,51 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
             _check_shape(t, name, (s_q, h_q), "[s_q, h_q]")
             _check_last_dim_contiguous(t, name)
             _check_no_self_overlap(t, name)
+
+
+# The engines' paged FP8 cache (include/sparse_mla/sm90/prefill/gather.cuh, PagedRows): bytes a row.
+PAGED_ROW_BYTES = 656
+
+
+def validate_paged_prefill_args(
+    q,
+    kv_cache,
+    indices,
+    sm_scale,
+    q_scale,
+    d_v,
+    attn_sink,
+    topk_length,
+    out,
+    max_logits,
+    lse,
+) -> None:
+    """validate_prefill_args for a call over the paged cache: kv_cache first (a CUDA tensor on q's device,
+    1-byte elements, [num_blocks, block_size, 1, 656], each block's rows contiguous, blocks a multiple
+    of 16 bytes apart), then every other argument as the contiguous call's."""
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(_not_a_tensor(name, t))
+    if not kv_cache.is_cuda:
+        _fail(f"kv_cache must be a CUDA tensor, got {kv_cache.device}")
+    if kv_cache.device != q.device:
+        _fail(f"kv_cache must be on q's device {q.device}, got {kv_cache.device}")
+    if kv_cache.element_size() != 1 or kv_cache.dtype is torch.bool:
+        _fail(f"kv_cache must have 1-byte elements (uint8, or any 1-byte dtype), got {kv_cache.dtype}")
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != H_KV or kv_cache.shape[3] != PAGED_ROW_BYTES:
+        _fail(f"kv_cache must have shape [num_blocks, block_size, 1, {PAGED_ROW_BYTES}], got {list(kv_cache.shape)}")
+    num_blocks, block_size = kv_cache.shape[:2]
+    strides = kv_cache.stride()
+    if strides[3] != 1 or (block_size > 1 and strides[1] != PAGED_ROW_BYTES):
+        _fail(f"kv_cache's rows must be contiguous within a block ({PAGED_ROW_BYTES} bytes apart), got strides "
+              f"{list(strides)}")
+    if num_blocks > 1 and strides[0] % ROW_ALIGNMENT:
+        _fail(f"kv_cache's block stride must be a multiple of {ROW_ALIGNMENT} bytes, got {strides[0]}")
+    rows = num_blocks * block_size
+    if not 1 <= rows <= INT32_MAX:
+        _fail(f"kv_cache must hold 1 to {INT32_MAX} rows (num_blocks * block_size), got {rows}")
+    _check_in_order(q, None, indices, sm_scale, q_scale, None, d_v, attn_sink, topk_length, out, max_logits, lse,
+                    paged_rows=rows)
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:

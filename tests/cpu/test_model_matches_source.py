@@ -122,10 +122,11 @@ def softmax_case(tile, exact):
         "!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)": not exact,
         "c == 0": True,
         "Mask::kSharedByTokens": tile == "grouped",
+        "SCALED": False,  # the model's kv rows are contiguous (paged rows: the same order, other arithmetic)
         "named_barrier_sync_or<kRowMaxReady, NUM_CONSUMER_THREADS>(nan)": True,  # the model clears on every exact pair
     })
     return Case("consumer.cuh", "softmax_to_probs", then=generic,
-                decide={"TileTraits<TILE>::kGroups": tile == "grouped"},
+                decide={"TileTraits<TILE>::kGroups": tile == "grouped", "LAYOUT == KvLayout::kPaged": False},
                 model=lambda: trace(lambda c: model._softmax_to_probs(c, order, exact, 0, 0, 0, [])))
 
 
@@ -191,12 +192,15 @@ def producer_case(tile, n_pairs, unit_count=1, pair_base=1):
         return [e for e in model.producer_events(order, units)
                 if e.where[0] == unit_count and e.op != "cp.async.wait_all"]  # run_producer's, after the units
 
-    return Case("producer.cuh", "produce_unit", model=events, env={"n_pairs": n_pairs, "pair_base": pair_base}, loops={
+    # Paged rows' warp syncs and requantization (not taken: PAGED is decided false) are not modelled.
+    return Case("producer.cuh", "produce_unit", model=events, env={"n_pairs": n_pairs, "pair_base": pair_base},
+                not_modelled=("__syncwarp", "requantize_block"), loops={
         "int pair = 0; pair < n_pairs; ++pair": ("pair", n_pairs),
         "int b = 0; b < 2; ++b": ("b", 2),
     }, decide={
         "TileTraits<TILE>::kGroups": tile == "grouped",
         "GROUPED": tile == "grouped",
+        "PAGED": False,  # the model's kv rows are contiguous
         "lane == 0 && warp == 0": True,
         "q.reused()": unit_count > 0,
         "copies_arrive<TILE>()": tile == "narrow",

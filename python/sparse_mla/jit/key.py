@@ -17,6 +17,8 @@ ENTRY_FUNCTION = "prefill_fwd"  # an ordinary call: every work item whole, no to
 SPLIT_CALL_FUNCTION = "prefill_split_fwd"  # a call with a tail split
 GROUPED_CALL_FUNCTION = "prefill_token_groups_fwd"  # a token-grouped call: the pre-pass and both launches
 TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass alone (sm90/prefill/token_groups/)
+PAGED_CALL_FUNCTION = "prefill_paged_fwd"  # an ordinary call over the engines' paged FP8 cache
+PAGED_SPLIT_CALL_FUNCTION = "prefill_paged_split_fwd"  # the same with a tail split
 KEY_FUNCTION = "kernel_key"
 # The tvm-ffi error kind of a launch the CUDA runtime refused (include/sparse_mla/entry.cuh, check_launch);
 # the loader maps it to sparse_mla.errors.KernelLaunchError.
@@ -61,6 +63,8 @@ constexpr auto prefill_fwd = &sparse_mla::prefill_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto prefill_split_fwd = &sparse_mla::prefill_split_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto token_groups_fwd = &sparse_mla::token_groups_fwd<{key.topk}>;
 constexpr auto prefill_token_groups_fwd = &sparse_mla::prefill_token_groups_fwd<{key.d_qk}, {key.topk}>;
+constexpr auto prefill_paged_fwd = &sparse_mla::prefill_paged_fwd<{key.d_qk}, {key.topk}>;
+constexpr auto prefill_paged_split_fwd = &sparse_mla::prefill_paged_split_fwd<{key.d_qk}, {key.topk}>;
 tvm::ffi::String kernel_key() {{ return "{key.name}"; }}
 }}  // namespace
 
@@ -68,5 +72,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({ENTRY_FUNCTION}, prefill_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({SPLIT_CALL_FUNCTION}, prefill_split_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({TOKEN_GROUPS_FUNCTION}, token_groups_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({GROUPED_CALL_FUNCTION}, prefill_token_groups_fwd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_CALL_FUNCTION}, prefill_paged_fwd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_SPLIT_CALL_FUNCTION}, prefill_paged_split_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({KEY_FUNCTION}, kernel_key);
 """

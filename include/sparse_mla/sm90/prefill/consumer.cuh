@@ -56,8 +56,8 @@
 
 namespace sparse_mla::sm90::prefill {
 
-template <int D_QK, Tile TILE>
-__device__ __forceinline__ void issue_qk(const SharedStorage<D_QK, TILE>& ss, int stage, int wg, float (&s)[32]) {
+template <int D_QK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void issue_qk(const SharedStorage<D_QK, TILE, LAYOUT>& ss, int stage, int wg, float (&s)[32]) {
   constexpr int STEPS = D_QK / 32;
   // Step kk starts at column block kk / 2, byte (kk % 2) * 32 of every row; descriptors count 16 B.
   const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
@@ -106,8 +106,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][32], const uint32_t (&a)[
 }
 
 // This thread's logits of one block and what it needs to turn them into P.
-template <typename Mask>
+template <typename MaskType>
 struct BlockLogits {
+  using Mask = MaskType;
   const float (&s)[32];  // raw Q.K^T accumulators, see the fragment notes
   Mask mask;             // BlockMask, or RowMask in a token group
   float scale_log2;      // logit = s * scale_log2 (log2 units)
@@ -162,6 +163,78 @@ struct BlockLogits {
   }
 };
 
+// BlockLogits of a block of paged rows (KvLayout::kPaged), each row j at its own scale sigma_j
+// (gather.cuh, requantize_row): logit_j = s_j * scale_log2 * sigma_j, and the row's value vector is
+// sigma_j times its e4m3 values, so P.V takes P_j * sigma_j. Both fold into one exponent: this writes
+// P'_j = 2^(t_j - reference) with t_j = logit_j + log2(sigma_j), so that the references, the slack
+// and the rescaling of O run on t unchanged (P' <= 2^slack as P is), while the row sums add
+// P'_j / sigma_j = 2^(logit_j - reference), the softmax's denominator relative to the same
+// reference, and the row maxima (max_logits) take the logits. With sigma_j in [2^-100, 2^100]
+// (MIN_ROW_SCALE) every sum stays a normal float: P'_j / sigma_j <= 2^(8.25 + 100).
+template <typename MaskType>
+struct ScaledBlockLogits {
+  using Mask = MaskType;
+  const float (&s)[32];
+  Mask mask;
+  // Shared address of this thread's slots' row values (requantize_block, producer.cuh): float 16G + e
+  // (+ 8) from it is slot 16G + 2c + e (+ 8) of the block's scale_log2 * sigma_j, then log2(sigma_j) and
+  // 1 / sigma_j each LOG2_AT and INV_AT bytes further (PagedMembers, traits.cuh).
+  uint32_t row_values;
+  static constexpr uint32_t LOG2_AT = NUM_STAGES * 2 * B_TOPK * 4, INV_AT = 2 * LOG2_AT;
+
+  __device__ __forceinline__ bool is_valid(int k) const { return mask.is_valid(k); }
+
+  // As BlockLogits::write_probs, with P' and the sums above; mloc gets the max of t (for the
+  // references), mlog the max of the logits.
+  __device__ __forceinline__ void write_probs(bool all_valid, const float (&reference)[2], uint32_t probs, int swz,
+                                              float (&psum)[2], float (&mloc)[2], float (&mlog)[2]) const {
+    if (all_valid) write_probs<true>(reference, probs, swz, psum, mloc, mlog);
+    else write_probs<false>(reference, probs, swz, psum, mloc, mlog);
+  }
+
+  template <bool ALL_VALID>
+  __device__ __forceinline__ void write_probs(const float (&reference)[2], uint32_t probs, int swz, float (&psum)[2],
+                                              float (&mloc)[2], float (&mlog)[2]) const {
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      base[h] = reference[h] == -INFINITY ? 0.f : reference[h];  // -inf: no valid slot yet
+      psum[h] = 0.f;
+      mloc[h] = mlog[h] = -INFINITY;
+    }
+#pragma unroll
+    for (int grp = 0; grp < 4; ++grp) {
+      // Slots 16G + 2c + e and 16G + 8 + 2c + e: s[8G + 2h + e] and s[8G + 4 + 2h + e] of both rows h.
+      float mul[4], lg[4], inv[4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t at = row_values + 4 * (16 * grp + 8 * half);
+        const float2 m = ld_shared_f32x2(at), l = ld_shared_f32x2(at + LOG2_AT), i = ld_shared_f32x2(at + INV_AT);
+        mul[2 * half] = m.x, mul[2 * half + 1] = m.y;
+        lg[2 * half] = l.x, lg[2 * half + 1] = l.y;
+        inv[2 * half] = i.x, inv[2 * half + 1] = i.y;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k0 = 8 * grp + 2 * h, k2 = 8 * grp + 4 + 2 * h;
+        const int k[4] = {k0, k0 + 1, k2, k2 + 1};
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool ok = ALL_VALID || is_valid(k[i]);
+          const float logit = ok ? __fmul_rn(s[k[i]], mul[i]) : -INFINITY;
+          const float t = logit + lg[i];
+          mlog[h] = max_nan(mlog[h], logit);
+          mloc[h] = max_nan(mloc[h], t);
+          p[i] = ok ? ex2(t - base[h]) : 0.f;
+          psum[h] = fmaf(p[i], inv[i], psum[h]);
+        }
+        st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), to_e4m3x2(p[0], p[1]) | (to_e4m3x2(p[2], p[3]) << 16));
+      }
+    }
+  }
+};
+
 // Online softmax of one pair: logits s and valid bits of this consumer's block of the pair (stage
 // `stage` of the ring; in a token group, row_mask: each row's token's) -> P in probs[buf][wg], running
 // statistics in st. Returns whether O must be rescaled (by alpha[wg]) before the pair's P.V.
@@ -173,13 +246,20 @@ struct BlockLogits {
 // comes from the thread index without consumer_thread()'s shuffles, whose latency the first P
 // addresses waited for, at every tile. Passed from the pair loop instead, it is
 // recomputed anyway, no register being left to hold it, and the grouped tile spills.)
-template <Tile TILE, int D_QK>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, const float (&s)[32], int stage, int wg,
+template <Tile TILE, int D_QK, KvLayout LAYOUT>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE, LAYOUT>& ss, const float (&s)[32], int stage, int wg,
                                                  int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
   const ConsumerThread thread = consumer_thread_of_index();
   if constexpr (TileTraits<TILE>::kGroups) {
     return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, stage, buf,
                             thread, st);
+  } else if constexpr (LAYOUT == KvLayout::kPaged) {
+    const uint64_t valid_bits = ss.valid[stage][wg];
+    const int slot = 2 * thread.c;
+    return softmax_to_probs(ss,
+                            ScaledBlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)},
+                                                         smem_addr(&ss.row_logit_scale[stage][wg][slot])},
+                            valid_bits == ~0ull, stage, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
     return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},
@@ -189,16 +269,20 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, 
 
 // The same from the block's logits and whether all of this thread's slots are valid (the common case:
 // no masking).
-template <int D_QK, Tile TILE, typename Mask>
-__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, const BlockLogits<Mask>& logits, bool all_valid,
+template <int D_QK, Tile TILE, typename Logits, KvLayout LAYOUT>
+__device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE, LAYOUT>& ss, const Logits& logits, bool all_valid,
                                                  int stage, int buf, const ConsumerThread& thread, ConsumerState& st) {
+  using Mask = typename Logits::Mask;
+  constexpr bool SCALED = LAYOUT == KvLayout::kPaged;
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
   const uint32_t probs = smem_addr(ss.probs[buf][wg]) + frag_row(warp, g, 0) * 64 + 4 * c;
   const int swz = sw64_xor(g);  // the same for rows frag_row(warp, g, h) of both h
 
   // P against the current references, and in the same pass the max of this thread's (rounded) logits.
   float mloc[2], psum[2];
-  logits.write_probs(all_valid, st.reference, probs, swz, psum, mloc);
+  [[maybe_unused]] float mlog[2];  // scaled rows: the max of the logits, mloc that of t
+  if constexpr (SCALED) logits.write_probs(all_valid, st.reference, probs, swz, psum, mloc, mlog);
+  else logits.write_probs(all_valid, st.reference, probs, swz, psum, mloc);
   cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   // This consumer's P.V of the previous pair's block 1 (the wgmma group in flight) reads
   // probs[buf ^ 1][1], which consumer 1 overwrites with the P of the pair after this one as soon as
@@ -208,7 +292,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, 
   bool moved = false, nan = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    st.row_max[h] = max_nan(st.row_max[h], mloc[h]);
+    if constexpr (SCALED) st.row_max[h] = max_nan(st.row_max[h], mlog[h]);
+    else st.row_max[h] = max_nan(st.row_max[h], mloc[h]);
     // A difference, not mloc > reference + slack: the sum rounds to the reference itself once
     // |reference| >= 2^27. False while mloc is -inf or NaN.
     moved = moved || mloc[h] - st.reference[h] > REFERENCE_SLACK;
@@ -253,7 +338,12 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, 
     }
   }
   float unused[2];
-  logits.write_probs(all_valid, st.reference, probs, swz, psum, unused);
+  if constexpr (SCALED) {
+    float unused_logits[2];
+    logits.write_probs(all_valid, st.reference, probs, swz, psum, unused, unused_logits);
+  } else {
+    logits.write_probs(all_valid, st.reference, probs, swz, psum, unused);
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.row_sum[h] = st.row_sum[h] * alpha[h] + psum[h];
@@ -265,8 +355,8 @@ __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE>& ss, 
 
 // One work unit's pairs. `pair_base` counts the pairs of the CTA's earlier units (the KvStage of each
 // pair), `unit_count` the units (the QStage of q_full).
-template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK, TILE>& ss, float scale_log2, int n_pairs,
+template <int D_QK, int TOPK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void run_consumer_mainloop(SharedStorage<D_QK, TILE, LAYOUT>& ss, float scale_log2, int n_pairs,
                                                       int pair_base, int unit_count, ConsumerState& st) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
   constexpr bool ONE_BLOCK = one_block_tile<TOPK, TILE>();  // block 1 of every pair is empty and never read

@@ -21,8 +21,8 @@
 
 namespace sparse_mla::sm90::prefill {
 
-template <int D_QK, Tile TILE>
-__device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
+template <int D_QK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void store_outputs(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss,
                                               const ConsumerState& st, int q_row, int head_begin, int num_heads) {
   const ConsumerThread thread = consumer_thread();  // named fields: the store lambda below captures c
   const int wg = thread.wg, warp = thread.warp, g = thread.g, c = thread.c;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void store_outputs(const PrefillParams& params, Share
   }
   named_barrier_sync<kRowSumReady, NUM_CONSUMER_THREADS>();
   if (wg == 0) {
-    const float kv_scale = *params.kv_scale;
+    const float kv_scale = LAYOUT == KvLayout::kPaged ? 1.f : *params.kv_scale;  // paged: in each row's P (consumer.cuh)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = frag_row(warp, g, h);

@@ -26,23 +26,11 @@
 
 namespace sparse_mla::sm90::prefill {
 
-// sm_scale * q_scale * kv_scale * log2(e), the multiplier from a raw Q.K^T sum to a logit in log2
-// units, folded in double and clamped to +-2^100: a raw sum is below D_QK * 448^2 < 2^27 in
-// magnitude, so no logit overflows fp32 and no inf - inf makes a NaN. The clamp binds only past
-// |sm_scale * q_scale * kv_scale| = 2^100 / log2(e) (about 8.8e29; the host refuses |sm_scale| > 2^99):
-// out is then still the softmax's (at that temperature, its argmax), max_logits and lse saturate.
-__device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
-  constexpr double LOG2E = 1.4426950408889634;
-  constexpr double LIMIT = 0x1p100;
-  const double folded = params.sm_scale * static_cast<double>(*params.q_scale) * static_cast<double>(*params.kv_scale) * LOG2E;
-  return static_cast<float>(folded > LIMIT ? LIMIT : folded < -LIMIT ? -LIMIT : folded);  // NaN stays NaN
-}
-
 // Grid: one CTA per SM at most; each CTA walks its work units (scheduler.cuh: WorkScheduler, WorkUnit).
 // TILE (traits.cuh, its policy TileTraits in tiles/): the wide tile; the narrow ones for h_q <=
 // NARROW_HEADS (and <= 16), launched without a tail split; the grouped one over token groups, also
 // without.
-template <int D_QK, int TOPK, Tile TILE>
+template <int D_QK, int TOPK, Tile TILE, KvLayout LAYOUT = KvLayout::kContiguous>
 __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_constant__ PrefillParams params) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
   __trap();  // built for the wrong target (wgmma and setmaxnreg need sm_90a)
@@ -50,8 +38,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
   // The kernel has no static shared memory, so the dynamic allocation starts the CTA's window, which
   // is 1024-byte aligned. Declaring it so makes every shared address a constant: no base register.
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  auto& ss = *reinterpret_cast<SharedStorage<D_QK, TILE>*>(smem_raw);
-  static_assert(shared_storage_bytes<D_QK, TILE>() <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
+  auto& ss = *reinterpret_cast<SharedStorage<D_QK, TILE, LAYOUT>*>(smem_raw);
+  static_assert(shared_storage_bytes<D_QK, TILE, LAYOUT>() <= SHARED_MEMORY_PER_BLOCK, "fits the per-block shared-memory limit");
   if ((smem_addr(smem_raw) & 1023u) != 0) __trap();  // the swizzled tiles rely on it
 
   // The grouped launch reads the pre-pass's lists: it waits for that grid (launch.cuh), then lets the
@@ -87,7 +75,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     run_producer<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units);
   } else {
     cutlass::arch::warpgroup_reg_alloc<CONSUMER_REGS>();
-    const float scale_log2 = logit_scale_log2(params);
+    const float scale_log2 = logit_scale_log2<LAYOUT>(params);
     if constexpr (Traits::kNarrow) {
       run_narrow_consumers<D_QK, TOPK, TILE>(params, ss, head_blocks, n_units, scale_log2);
     } else {

@@ -56,19 +56,59 @@ __device__ __forceinline__ ProducerThread producer_thread() {
   return pt;
 }
 
+// The kv rows of `params` in layout LAYOUT (gather.cuh).
+template <int D_QK, KvLayout LAYOUT>
+__device__ __forceinline__ auto kv_rows(const PrefillParams& params) {
+  if constexpr (LAYOUT == KvLayout::kPaged) {
+    return PagedRows<D_QK>{reinterpret_cast<const uint8_t*>(params.kv), params.kv_block_stride, params.kv_block_size,
+                           params.s_kv};
+  } else {
+    return ContiguousRows<D_QK>{reinterpret_cast<const uint8_t*>(params.kv), params.kv_stride_s, params.s_kv};
+  }
+}
+
+// Paged rows: this thread's share of block b of the stage, whose copies landed, requantized to each
+// row's scale (requantize_row), which the row's chunk-0 thread publishes for the consumers (released
+// with the block's kv_full arrival, after the caller's fence).
+template <int D_QK, typename Storage>
+__device__ __forceinline__ void requantize_block(Storage& ss, const ProducerThread& pt, int stage, int b,
+                                                 const PagedRows<D_QK>& kv, const int32_t (&index)[2],
+                                                 float scale_log2) {
+  __syncwarp();  // the row's scales, staged by its chunk-0 lane, are visible to its 3 neighbours
+  const uint32_t tile = smem_addr(ss.kv[stage][b]);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int row = pt.rows[k];
+    const float sigma = requantize_row<D_QK>(tile + pt.dst_offset[k], ss.scale_stage[b][row],
+                                             smem_addr(&ss.rope_stage[b][k][32 * pt.warp + pt.lane][0]),
+                                             kv.holds(index[k]));
+    if (pt.chunk == 0) {
+      // Clamped as logit_scale_log2 is (traits.cuh): no logit overflows; NaN stays NaN.
+      constexpr float LIMIT = 0x1p100f;
+      const float logit_scale = scale_log2 * sigma;
+      ss.row_logit_scale[stage][b][row] = logit_scale > LIMIT ? LIMIT : logit_scale < -LIMIT ? -LIMIT : logit_scale;
+      ss.row_scale_log2[stage][b][row] = __log2f(sigma);
+      ss.row_scale_inv[stage][b][row] = __frcp_rn(sigma);
+    }
+  }
+}
+
 // One work unit: its Q tile, then its pairs. `unit_count` counts the CTA's earlier units (the QStage of
 // q_empty), `pair_base` their pairs (the KvStage of each pair).
-template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
+template <int D_QK, int TOPK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void produce_unit(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss,
                                              const ProducerThread& pt, const WorkUnit& w, int unit_count,
-                                             int pair_base) {
+                                             int pair_base, [[maybe_unused]] float scale_log2) {
   // Copies of pt's fields: read through pt instead, the producer compiles to different code (every
   // test key's cubin changes).
   const int lane = pt.lane, warp = pt.warp, chunk = pt.chunk;
   const int rows[2] = {pt.rows[0], pt.rows[1]};
   const uint32_t dst_offset[2] = {pt.dst_offset[0], pt.dst_offset[1]};
 
-  const ContiguousRows<D_QK> kv{reinterpret_cast<const uint8_t*>(params.kv), params.kv_stride_s, params.s_kv};
+  constexpr bool PAGED = LAYOUT == KvLayout::kPaged;
+  static_assert(!PAGED || (!TileTraits<TILE>::kGroups && !copies_arrive<TILE>()),
+                "paged rows are requantized by the producer after they land: the wide tile only");
+  const auto kv = kv_rows<D_QK, LAYOUT>(params);
   const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
   const int n_slots = w.n_slots, n_pairs = w.n_pairs;
   // The grouped tile's consumers take the unit from here (WorkScheduler::current_from_producer), in
@@ -139,11 +179,17 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       if (stage.reused()) mbarrier_wait(&ss.kv_empty[stage.index][b], stage.empty_phase());
       const uint32_t tile = smem_addr(ss.kv[stage.index][b]);
       bool valid[2];
+      if constexpr (PAGED) __syncwarp();  // the staging's last readers (requantize_block) are done
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         valid[k] = kv.holds(index[b][k]);
         if (one_block_tile<TOPK, TILE>() && b == 1) continue;  // never read: only its valid bits (0) and arrivals
-        kv.copy_row(tile + dst_offset[k], index[b][k], valid[k], chunk);
+        if constexpr (PAGED) {
+          kv.copy_row(tile + dst_offset[k], smem_addr(&ss.scale_stage[b][rows[k]]),
+                      smem_addr(&ss.rope_stage[b][k][32 * warp + lane][0]), index[b][k], valid[k], chunk);
+        } else {
+          kv.copy_row(tile + dst_offset[k], index[b][k], valid[k], chunk);
+        }
       }
       if constexpr (GROUPED) {
         // Every entry of the list is valid and the masks are 0 past it: they are the valid bits.
@@ -169,10 +215,14 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
     if constexpr (!copies_arrive<TILE>()) {
       // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
       cp_async_wait<1>();
+      if constexpr (PAGED) requantize_block<D_QK>(ss, pt, stage.index, 0, kv, index[0], scale_log2);
       cutlass::arch::fence_view_async_shared();
       if (pair == 0) mbarrier_arrive(&ss.q_full);
       mbarrier_arrive(&ss.kv_full[stage.index][0]);
       cp_async_wait<0>();
+      if constexpr (PAGED) {
+        if (!one_block_tile<TOPK, TILE>()) requantize_block<D_QK>(ss, pt, stage.index, 1, kv, index[1], scale_log2);
+      }
       cutlass::arch::fence_view_async_shared();
       mbarrier_arrive(&ss.kv_full[stage.index][1]);
     }
@@ -185,14 +235,16 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
 }
 
 // The producer warpgroup's role: produce_unit for each of the CTA's work units.
-template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss, int head_blocks,
+template <int D_QK, int TOPK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void run_producer(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss, int head_blocks,
                                              int n_units) {
   const ProducerThread pt = producer_thread();
+  // Paged rows: the consumers' logit multiplier of each row is this times its scale (requantize_block).
+  const float scale_log2 = LAYOUT == KvLayout::kPaged ? logit_scale_log2<LAYOUT>(params) : 0.f;
   WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
   for (; scheduler.has_work(); scheduler.advance()) {
     const WorkUnit w = scheduler.current();
-    produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base());
+    produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base(), scale_log2);
   }
   if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
     cp_async_commit();

@@ -22,8 +22,8 @@ namespace sparse_mla::sm90::prefill {
 // Publishes this part's state; in the CTA that finishes the item's last part, replaces `st` with the
 // merged state of all parts and returns true (the caller then stores the outputs). Consumer threads
 // only; the CTA's earlier part of another item never shares a counter with this one.
-template <int D_QK, Tile TILE>
-__device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
+template <int D_QK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ bool merge_split_parts(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss,
                                                   ConsumerState& st, const WorkUnit& w) {
   const auto [wg, warp, lane, g, c] = consumer_thread();
   const int t = threadIdx.x;

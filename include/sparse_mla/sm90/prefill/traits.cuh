@@ -35,6 +35,13 @@ enum class Tile {
   kNarrow16, // kNarrow with 16 heads, for h_q <= 16 (last, so that the others keep their mangled names)
   kNarrow8,  // kNarrow with 8 heads, for h_q <= 8
 };
+// How the kv rows lie in global memory (gather.cuh), one kernel instantiation each: D_QK contiguous
+// e4m3 bytes a row at one per-tensor scale, or the engines' paged 656-byte rows (512 e4m3 in 4 tiles
+// of 128 with a float32 scale each, then 64 bf16 rope), which the producer requantizes per row.
+enum class KvLayout {
+  kContiguous,
+  kPaged,
+};
 // A tile's policy, specialized in its file under tiles/: what the shared roles (producer, pair loops,
 // epilogue, scheduler, kernel) ask of the tile, instead of which tile it is.
 //   kHeads          the tile's heads of one token: B_H, or a narrow tile's N of Q.K^T and P.V
@@ -92,6 +99,25 @@ static_assert(2 * CONSUMER_REGS + PRODUCER_REGS <=
 // (the 1/4: BlockLogits::write_probs) stays inside e4m3's range (448).
 constexpr float REFERENCE_SLACK = 8.f;
 
+// sm_scale * q_scale * kv_scale * log2(e), the multiplier from a raw Q.K^T sum to a logit in log2
+// units, folded in double and clamped to +-2^100: a raw sum is below D_QK * 448^2 < 2^27 in
+// magnitude, so no logit overflows fp32 and no inf - inf makes a NaN. The clamp binds only past
+// |sm_scale * q_scale * kv_scale| = 2^100 / log2(e) (about 8.8e29; the host refuses |sm_scale| > 2^99):
+// out is then still the softmax's (at that temperature, its argmax), max_logits and lse saturate.
+// Paged rows have no kv_scale: each row's own scale multiplies its logits (consumer.cuh).
+template <KvLayout LAYOUT>
+__device__ __forceinline__ float logit_scale_log2(const PrefillParams& params) {
+  constexpr double LOG2E = 1.4426950408889634;
+  constexpr double LIMIT = 0x1p100;
+  double folded;
+  if constexpr (LAYOUT == KvLayout::kPaged) {
+    folded = params.sm_scale * static_cast<double>(*params.q_scale) * LOG2E;
+  } else {
+    folded = params.sm_scale * static_cast<double>(*params.q_scale) * static_cast<double>(*params.kv_scale) * LOG2E;
+  }
+  return static_cast<float>(folded > LIMIT ? LIMIT : folded < -LIMIT ? -LIMIT : folded);  // NaN stays NaN
+}
+
 // Named barriers (id 0 is __syncthreads); each spans the 256 consumer threads.
 enum NamedBarrierId : int {
   kRowMaxReady = 1,  // both consumers' block row maxima are in SharedStorage::row_max
@@ -137,11 +163,33 @@ struct SharedRows : SharedOperands<D_QK> {
   float row_sum[2][B_H];    // epilogue: each consumer's row sums
   float out_scale[B_H];     // epilogue: per-head output scale
 };
-// The kernel's shared memory with tile TILE. The tile's own members sit between the rows and the
-// barriers, where the wide tile keeps free bytes that hold its barriers where they were measured
-// (tiles/wide.cuh).
-template <int D_QK, Tile TILE>
-struct SharedStorage : TileTraits<TILE>::template SharedMembers<SharedRows<D_QK>> {
+// The paged layout's members (gather.cuh, PagedRows): where the producer stages each row's scales and
+// rope before it requantizes the row into its tile, and each gathered row's scale, which the
+// consumers fold into its logit and its P (consumer.cuh).
+template <typename Base>
+struct PagedMembers : Base {
+  float4 scale_stage[2][B_TOPK];                            // [block of the pair][row]: the 4 tile scales
+  uint4 rope_stage[2][2][NUM_PRODUCER_THREADS][2];          // [block][row k][producer thread]: its 16 bf16
+  float row_logit_scale[NUM_STAGES][2][B_TOPK];             // scale_log2 * sigma_j (the row's values: e4m3 * sigma_j)
+  float row_scale_log2[NUM_STAGES][2][B_TOPK];              // log2(sigma_j)
+  float row_scale_inv[NUM_STAGES][2][B_TOPK];               // 1 / sigma_j
+};
+static_assert(sizeof(PagedMembers<SharedRows<576>>::row_logit_scale) == NUM_STAGES * 2 * B_TOPK * 4,
+              "ScaledBlockLogits finds the row values' arrays one after the other");
+template <KvLayout LAYOUT, typename Base>
+struct LayoutMembersOf {
+  using type = Base;  // contiguous rows: nothing, the storage is the same type as without layouts
+};
+template <typename Base>
+struct LayoutMembersOf<KvLayout::kPaged, Base> {
+  using type = PagedMembers<Base>;
+};
+// The kernel's shared memory with tile TILE and kv layout LAYOUT. The tile's own members sit between
+// the rows (and the layout's members) and the barriers, where the wide tile keeps free bytes that hold
+// its barriers where they were measured (tiles/wide.cuh).
+template <int D_QK, Tile TILE, KvLayout LAYOUT = KvLayout::kContiguous>
+struct SharedStorage
+    : TileTraits<TILE>::template SharedMembers<typename LayoutMembersOf<LAYOUT, SharedRows<D_QK>>::type> {
   int split_last;           // split.cuh: this CTA finished the item's last part and merges it
   uint64_t q_full;                       // Q of the CTA's current work unit landed (Q_FULL_ARRIVALS)
   uint64_t q_empty;                      // the consumers' last Q.K^T of the work unit is done
@@ -173,9 +221,9 @@ constexpr int MAX_SPLIT_PARTS = 4;
 
 // The dynamic shared memory of tile TILE's kernel (launch.cuh), checked against the limit where the
 // kernel is instantiated (kernel.cuh).
-template <int D_QK, Tile TILE>
+template <int D_QK, Tile TILE, KvLayout LAYOUT = KvLayout::kContiguous>
 constexpr int shared_storage_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<D_QK, TILE>));
+  return static_cast<int>(sizeof(SharedStorage<D_QK, TILE, LAYOUT>));
 }
 constexpr int SHARED_MEMORY_PER_BLOCK = 232448;  // SM90's opt-in limit of dynamic shared memory, 227 KB
 

@@ -57,8 +57,8 @@ struct RowMask {
 // In shared memory, in the softmax's rare exact path: clearing the V fragments in the pair loop's
 // registers instead put a branch on every pair's path into P.V, which slowed every grouped call
 // (docs/lab.md, Experiment 127).
-template <int D_QK, Tile TILE>
-__device__ __forceinline__ void clear_v_nans(SharedStorage<D_QK, TILE>& ss, int stage, int wg) {
+template <int D_QK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void clear_v_nans(SharedStorage<D_QK, TILE, LAYOUT>& ss, int stage, int wg) {
   constexpr int V_VECTORS = B_TOPK * D_V / 16;  // column blocks 0 .. D_V / 64: the tile's first bytes
   uint4* const tile = reinterpret_cast<uint4*>(ss.kv[stage][wg]);
   const auto cleared = [](uint32_t x) { return x & ~prmt((x & 0x7f7f7f7fu) + 0x01010101u, 0u, 0xba98u); };

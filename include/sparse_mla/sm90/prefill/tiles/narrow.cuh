@@ -80,8 +80,8 @@ struct NarrowState {
 };
 
 // S^T = K . Q^T for this consumer's block: the wide tile's descriptors with the operands swapped.
-template <int D_QK, Tile TILE, int REGS>
-__device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK, TILE>& ss, int stage, int wg, float (&s)[REGS]) {
+template <int D_QK, Tile TILE, int REGS, KvLayout LAYOUT>
+__device__ __forceinline__ void issue_qk_narrow(const SharedStorage<D_QK, TILE, LAYOUT>& ss, int stage, int wg, float (&s)[REGS]) {
   constexpr int STEPS = D_QK / 32;
   const uint32_t dq = desc_sw64_lo(smem_addr(ss.q));
   const uint32_t dk = desc_sw64_lo(smem_addr(ss.kv[stage][wg]));
@@ -168,8 +168,8 @@ __device__ __forceinline__ void write_probs_narrow(const float (&s)[4 * NH_J], u
 }
 
 // Online softmax of one pair, transposed (consumer.cuh's softmax_to_probs, per head column).
-template <int D_QK, Tile TILE, int NH>
-__device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE>& ss, const float (&s)[NH / 2], uint64_t valid_bits,
+template <int D_QK, Tile TILE, int NH, KvLayout LAYOUT>
+__device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE, LAYOUT>& ss, const float (&s)[NH / 2], uint64_t valid_bits,
                                                int buf, float scale_log2, NarrowState<NH>& st) {
   constexpr int NH_J = NarrowState<NH>::J;
   const auto [wg, warp, lane, g, c] = consumer_thread_of_index();  // no shuffles: consumer.cuh's softmax_to_probs
@@ -247,8 +247,8 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE>& ss, co
 // is half the wide one: O^T 64 + both blocks' V^T 64 + S^T 16 registers (NH 16: 32 + 64 + 8).
 // A change to this order changes the happens-before model (NARROW_ORDER) in tests/cpu/pair_loop_model.py in the same commit
 // (tests/cpu/test_model_matches_source.py compares the two).
-template <int D_QK, int TOPK, Tile TILE, int NH>
-__device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK, TILE>& ss, float scale_log2, int n_pairs,
+template <int D_QK, int TOPK, Tile TILE, int NH, KvLayout LAYOUT>
+__device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK, TILE, LAYOUT>& ss, float scale_log2, int n_pairs,
                                                     int pair_base, int unit_count, NarrowState<NH>& st) {
   constexpr int NH_J = NarrowState<NH>::J, NH_REGS = NarrowState<NH>::REGS;
   const auto [wg, warp, lane, g, c] = consumer_thread();
@@ -338,8 +338,8 @@ __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK, TILE>& s
 }
 
 // The epilogue with the narrow tile (epilogue.cuh's store_outputs, per head column).
-template <int D_QK, Tile TILE, int NH>
-__device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss,
+template <int D_QK, Tile TILE, int NH, KvLayout LAYOUT>
+__device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss,
                                                      const NarrowState<NH>& st, int q_row, int num_heads) {
   constexpr int NH_J = NarrowState<NH>::J;
   const ConsumerThread thread = consumer_thread();
@@ -401,8 +401,8 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
 
 // The consumer warpgroups' role with a narrow tile: each work unit's pairs, then its outputs (whole
 // items only: the launch runs a split call with the wide tile).
-template <int D_QK, int TOPK, Tile TILE>
-__device__ __forceinline__ void run_narrow_consumers(const PrefillParams& params, SharedStorage<D_QK, TILE>& ss, int head_blocks,
+template <int D_QK, int TOPK, Tile TILE, KvLayout LAYOUT>
+__device__ __forceinline__ void run_narrow_consumers(const PrefillParams& params, SharedStorage<D_QK, TILE, LAYOUT>& ss, int head_blocks,
                                                      int n_units, float scale_log2) {
   WorkScheduler<TOPK, TILE> scheduler(params, head_blocks, n_units);
   for (; scheduler.has_work(); scheduler.advance()) {
