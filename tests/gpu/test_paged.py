@@ -171,3 +171,16 @@ def test_paged_refuses_bad_caches(paged_fwd, seed, change, message):
     args["kv_cache"] = change(args["kv_cache"])
     with pytest.raises(ValueError, match=message):
         paged_fwd(**args)
+
+
+def test_paged_under_torch_compile(paged_fwd, seed):
+    args, _, _ = paged_call(40, 2048, 64, 576, 2048, seed)
+    expected = paged_fwd(**args)
+
+    @torch.compile(fullgraph=True)
+    def step(q, kv_cache, indices, q_scale):
+        out, max_logits, lse = paged_fwd(q, kv_cache, indices, args["sm_scale"], q_scale)
+        return out.float().sum(dim=-1), lse
+
+    summed, lse = step(args["q"], args["kv_cache"], args["indices"], args["q_scale"])
+    assert torch.equal(lse, expected[2]) and torch.allclose(summed, expected[0].float().sum(dim=-1))
