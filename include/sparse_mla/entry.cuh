@@ -427,8 +427,7 @@ void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView in
 
 // An ordinary call over the engines' paged FP8 cache (sm90/prefill/gather.cuh, PagedRows): arguments as
 // prefill_fwd's, with kv_cache [num_blocks, block_size, 1, 656] (any 1-byte dtype) for kv and no
-// kv_scale (each row carries its scales); indices name rows block * block_size + offset. Runs the wide
-// tile (launch_prefill).
+// kv_scale (each row carries its scales); indices name rows block * block_size + offset.
 template <int D_QK, int TOPK>
 void prefill_paged_fwd(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView indices, ffi::TensorView q_scale,
                        ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
@@ -514,29 +513,23 @@ void token_groups_fwd(ffi::TensorView indices, ffi::Optional<ffi::TensorView> to
                        "token-group kernel");
 }
 
-// A token-grouped call, arguments as prefill_fwd's, then group_size and max_union_ratio as
-// token_groups_fwd's and `scratch` (detail::scratch_of), which holds the lists: the pre-pass into the
-// lists, then the grouped launch and the launch of the other groups' tokens, with no tail split, in
-// one crossing of the FFI (each crossing converts and checks its arguments again). The only entry
-// that launches the grouped tile: its lists are always the pre-pass's of this call, on its stream.
-// Every argument is checked before the first launch.
-template <int D_QK, int TOPK>
-void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
-                              ffi::TensorView q_scale, ffi::TensorView kv_scale,
-                              ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
-                              ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
-                              int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
-  PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
-                                                            topk_length, out, max_logits, lse, sm_scale);
-  detail::check_group_size<TOPK>(q.size(1), group_size);  // before the layout, which assumes a sane group
-  const detail::TokenGroupLayout layout = detail::token_group_layout<TOPK>(q.size(0), group_size);
-  uint8_t* const base = detail::scratch_of(scratch, layout.bytes, q.device());
-  const detail::TokenGroupLists lists{reinterpret_cast<uint64_t*>(base),
-                                      reinterpret_cast<int32_t*>(base + layout.indices_at),
-                                      reinterpret_cast<int32_t*>(base + layout.length_at),
-                                      reinterpret_cast<int32_t*>(base + layout.units_at)};
-  const TokenGroupParams groups = detail::token_group_params<TOPK>(indices, topk_length, kv.size(0), group_size,
-                                                                   max_union_ratio, lists);
+namespace detail {
+
+// The token groups of a call whose checked parameters are `params` (s_kv rows): the pre-pass into the
+// lists in `scratch`, then the grouped launch and the launch of the other groups' tokens, with no tail
+// split, on the caller's stream; every argument checked before the first launch.
+template <int D_QK, int TOPK, sm90::prefill::KvLayout LAYOUT>
+void launch_token_groups_call(PrefillParams params, const ffi::TensorView& q, const ffi::TensorView& indices,
+                              const ffi::Optional<ffi::TensorView>& topk_length, int64_t group_size,
+                              double max_union_ratio, const ffi::TensorView& scratch) {
+  check_group_size<TOPK>(q.size(1), group_size);  // before the layout, which assumes a sane group
+  const TokenGroupLayout layout = token_group_layout<TOPK>(q.size(0), group_size);
+  uint8_t* const base = scratch_of(scratch, layout.bytes, q.device());
+  const TokenGroupLists lists{reinterpret_cast<uint64_t*>(base), reinterpret_cast<int32_t*>(base + layout.indices_at),
+                              reinterpret_cast<int32_t*>(base + layout.length_at),
+                              reinterpret_cast<int32_t*>(base + layout.units_at)};
+  const TokenGroupParams groups =
+      token_group_params<TOPK>(indices, topk_length, params.s_kv, group_size, max_union_ratio, lists);
   params.group_size = static_cast<int>(group_size);
   params.group_indices = lists.indices;
   params.group_masks = lists.masks;
@@ -544,10 +537,44 @@ void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::Tensor
   params.group_units = lists.units;
   if (params.s_q == 0) return;
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
-  const cudaStream_t stream = detail::current_stream(q.device());
-  detail::check_launch(sm90::prefill::launch_token_groups<TOPK>(groups, stream), "token-group kernel");
-  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, true, stream), "prefill kernel");
-  detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, stream), "prefill kernel");
+  const cudaStream_t stream = current_stream(q.device());
+  check_launch(sm90::prefill::launch_token_groups<TOPK>(groups, stream), "token-group kernel");
+  check_launch(sm90::launch_prefill<D_QK, TOPK, LAYOUT>(params, true, stream), "prefill kernel");
+  check_launch(sm90::launch_prefill<D_QK, TOPK, LAYOUT>(params, false, stream), "prefill kernel");
+}
+
+}  // namespace detail
+
+// A token-grouped call, arguments as prefill_fwd's, then group_size and max_union_ratio as
+// token_groups_fwd's and `scratch` (detail::scratch_of), which holds the lists: the pre-pass into the
+// lists, then the grouped launch and the launch of the other groups' tokens, with no tail split, in
+// one crossing of the FFI (each crossing converts and checks its arguments again). The only entries
+// that launch the grouped tile (this and its paged twin): its lists are always the pre-pass's of this
+// call, on its stream. Every argument is checked before the first launch.
+template <int D_QK, int TOPK>
+void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
+                              ffi::TensorView q_scale, ffi::TensorView kv_scale,
+                              ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
+                              ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
+                              int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
+  const PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
+                                                                  topk_length, out, max_logits, lse, sm_scale);
+  detail::launch_token_groups_call<D_QK, TOPK, sm90::prefill::KvLayout::kContiguous>(
+      params, q, indices, topk_length, group_size, max_union_ratio, scratch);
+}
+
+// prefill_token_groups_fwd over the paged cache, arguments as prefill_paged_fwd's, then as
+// prefill_token_groups_fwd's last three.
+template <int D_QK, int TOPK>
+void prefill_paged_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv_cache, ffi::TensorView indices,
+                                    ffi::TensorView q_scale, ffi::Optional<ffi::TensorView> attn_sink,
+                                    ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out,
+                                    ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
+                                    int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
+  const PrefillParams params = detail::paged_prefill_params<D_QK, TOPK>(q, kv_cache, indices, q_scale, attn_sink,
+                                                                        topk_length, out, max_logits, lse, sm_scale);
+  detail::launch_token_groups_call<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(
+      params, q, indices, topk_length, group_size, max_union_ratio, scratch);
 }
 
 }  // namespace sparse_mla

@@ -18,7 +18,7 @@ import torch
 
 from sparse_mla.args import PrefillArgs
 from sparse_mla.jit import env
-from sparse_mla.launch import launch, launch_paged
+from sparse_mla.launch import launch
 from sparse_mla.validate import (MISSING, check_pointers, check_row_alignment, validate_paged_prefill_args,
                                  validate_prefill_args)
 
@@ -194,7 +194,7 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
     the tiles at that scale keep their bytes, every other value (rope included) is rounded once more
     to e4m3 (relative error at most 2^-4, values below 2^-10 of the row's largest flush to zero). The
     serving engines' path (dequantize, requantize at scale 1.0, then the contiguous kernel) rounds every
-    value a second time. Every row runs the wide tile (64 heads), with the tail split of a short call.
+    value a second time. The launches (tiles, tail split, token groups) are the contiguous call's.
     """
     validate_paged_prefill_args(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits,
                                 lse)
@@ -219,7 +219,7 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
     args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse,
                        float(sm_scale), batch_invariant)
     check_pointers(_named_inputs(args), preallocated)
-    launch_paged(args)
+    launch(args)
     return out, max_logits, lse
 
 
@@ -241,7 +241,7 @@ def _paged_prefill_op(
     args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse, sm_scale,
                        batch_invariant)
     check_pointers(_named_inputs(args), dict(zip(_OUTPUTS, args[7:10])))
-    launch_paged(args)
+    launch(args)
 
 
 @_paged_prefill_op.register_fake

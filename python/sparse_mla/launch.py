@@ -27,12 +27,12 @@ import torch
 from sparse_mla.args import ENTRY_ARGS, PrefillArgs
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
-from sparse_mla.jit.key import (GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION,
-                                SPLIT_CALL_FUNCTION)
+from sparse_mla.jit.key import (GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION,
+                                PAGED_SPLIT_CALL_FUNCTION, SPLIT_CALL_FUNCTION)
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "launch_paged", "paged_plan", "plan", "plan_on",
-           "split_plan", "token_group_bytes", "token_group_list_shapes"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "paged_plan", "plan", "plan_on", "split_plan",
+           "token_group_bytes", "token_group_list_shapes"]
 
 
 class _Device(NamedTuple):
@@ -207,41 +207,17 @@ def _split_scratch_bytes(items: int, split_begin: int, split_parts: int) -> int:
     return 4 * (items - split_begin) * (split_parts * SPLIT_PART_FLOATS + 1)
 
 
-@functools.lru_cache(maxsize=4096)
-def paged_plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool) -> Plan:
-    """The plan of a call over the engines' paged cache: the wide tile at every head count (the producer
-    requantizes paged rows in the wide tile's pipeline only, include/sparse_mla/sm90/prefill/gather.cuh),
-    with the tail split where split_plan cuts the call, and no token groups."""
-    items = s_q * ((h_q + HEAD_BLOCK - 1) // HEAD_BLOCK)
-    split_begin, split_parts = split_plan(items, num_sms, topk, batch_invariant)
-    if split_parts > 1:
-        return Plan(PAGED_SPLIT_CALL_FUNCTION, ("wide",), split_begin, split_parts, 1, 0.0,
-                    _split_scratch_bytes(items, split_begin, split_parts))
-    return Plan(PAGED_CALL_FUNCTION, ("wide",), items, 1, 1, 0.0, 0)
+# The module's entries of a call over the engines' paged cache, by the contiguous call's entry: the same
+# launches (tiles, split, token groups) with paged rows (include/sparse_mla/sm90/prefill/gather.cuh).
+_PAGED_ENTRIES = {ENTRY_FUNCTION: PAGED_CALL_FUNCTION, SPLIT_CALL_FUNCTION: PAGED_SPLIT_CALL_FUNCTION,
+                  GROUPED_CALL_FUNCTION: PAGED_GROUPED_CALL_FUNCTION}
 
 
 @functools.lru_cache(maxsize=4096)
-def _planned_paged_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int,
-                         batch_invariant: bool) -> tuple[Plan, Callable[..., None]]:
-    """_planned_entry of a call over the paged cache."""
-    call_plan = paged_plan(s_q, h_q, topk, num_sms(check_hopper(device_index)), batch_invariant)
-    return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
-
-
-def launch_paged(args: PrefillArgs) -> None:
-    """launch for a validated call over the paged cache: ``args.kv`` is the cache, ``args.kv_scale`` None
-    (the paged entries take no kv_scale: each row carries its scales)."""
-    s_q, h_q, d_qk = args.q.shape
-    if s_q == 0:
-        return  # empty outputs, nothing to launch
-    call_plan, function = _planned_paged_entry(args.q.get_device(), d_qk, s_q, h_q, args.indices.shape[2],
-                                               args.batch_invariant)
-    entry_args = (*args[:4], *args[5:ENTRY_ARGS])
-    if call_plan.scratch_bytes == 0:
-        function(*entry_args)
-        return
-    scratch = args.q.new_empty((call_plan.scratch_bytes,), dtype=torch.uint8)
-    function(*entry_args, call_plan.split_begin, call_plan.split_parts, scratch)
+def paged_plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, token_groups: str = "auto") -> Plan:
+    """`plan` of a call over the paged cache: the same launches, through the module's paged entries."""
+    call_plan = plan(s_q, h_q, topk, num_sms, batch_invariant, token_groups)
+    return call_plan._replace(entry=_PAGED_ENTRIES[call_plan.entry])
 
 
 @functools.lru_cache(maxsize=None)
@@ -251,10 +227,13 @@ def _kernel_key(d_qk: int, topk: int) -> KernelKey:
 
 @functools.lru_cache(maxsize=4096)
 def _planned_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int, batch_invariant: bool,
-                   token_groups: str) -> tuple[Plan, Callable[..., None]]:
+                   token_groups: str, paged: bool) -> tuple[Plan, Callable[..., None]]:
     """The plan and the module function of a call, decided on its first call (the Hopper check and the
-    kernel's module, compiled on its very first use, included): later calls of the shape look them up."""
+    kernel's module, compiled on its very first use, included): later calls of the shape look them up.
+    ``paged``: a call over the engines' paged cache (``paged_plan``)."""
     call_plan = plan_on(device_index, s_q, h_q, topk, batch_invariant, token_groups)
+    if paged:
+        call_plan = call_plan._replace(entry=_PAGED_ENTRIES[call_plan.entry])
     return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
 
 
@@ -264,12 +243,14 @@ def plan_on(device_index: int, s_q: int, h_q: int, topk: int, batch_invariant: b
 
 
 def launch(args: PrefillArgs) -> None:
-    """Plans and launches a validated call, writing ``args.out``, ``args.max_logits`` and ``args.lse``."""
+    """Plans and launches a validated call, writing ``args.out``, ``args.max_logits`` and ``args.lse``; a
+    call over the engines' paged cache (``args.kv`` the cache, ``args.kv_scale`` None) through the
+    module's paged entries."""
     s_q, h_q, d_qk = args.q.shape
     if s_q == 0:
         return  # empty outputs, nothing to launch
     call_plan, function = _planned_entry(args.q.get_device(), d_qk, s_q, h_q, args.indices.shape[2],
-                                         args.batch_invariant, env.token_groups())
+                                         args.batch_invariant, env.token_groups(), args.kv_scale is None)
     execute(call_plan, function, args)
 
 
@@ -278,15 +259,17 @@ def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) ->
     memory: one allocation per call from torch's caching allocator on the current stream (so that a
     concurrent call on another stream gets its own and a CUDA graph captures it), which the entry
     carves. The module zeroes the counters in it in a kernel ahead of the prefill kernel's launch, which
-    a CUDA graph captures with it, so every replay starts from zero."""
+    a CUDA graph captures with it, so every replay starts from zero. The paged entries take no
+    kv_scale (``args.kv_scale`` None)."""
+    entry_args = args[:ENTRY_ARGS] if args.kv_scale is not None else (*args[:4], *args[5:ENTRY_ARGS])
     if call_plan.scratch_bytes == 0:
-        function(*args[:ENTRY_ARGS])
+        function(*entry_args)
         return
     scratch = args.q.new_empty((call_plan.scratch_bytes,), dtype=torch.uint8)
     if call_plan.group_size > 1:
-        function(*args[:ENTRY_ARGS], call_plan.group_size, call_plan.max_union_ratio, scratch)
+        function(*entry_args, call_plan.group_size, call_plan.max_union_ratio, scratch)
     else:
-        function(*args[:ENTRY_ARGS], call_plan.split_begin, call_plan.split_parts, scratch)
+        function(*entry_args, call_plan.split_begin, call_plan.split_parts, scratch)
 
 
 def token_group_list_shapes(s_q: int, group: int, topk: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:

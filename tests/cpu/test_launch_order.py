@@ -1,7 +1,7 @@
 """The launch order that makes a token-grouped call's lists visible to its narrow launch, read from the
 headers. The narrow launch reads the pre-pass's lists (scheduler.cuh: num_launch_units, work_unit)
 with no griddepcontrol.wait of its own; it may, because
-- prefill_token_groups_fwd (entry.cuh) launches the pre-pass, then the grouped launch, then the narrow
+- launch_token_groups_call (entry.cuh; both grouped entries) launches the pre-pass, then the grouped launch, then the narrow
   launch, on one stream;
 - both prefill launches of such a call are programmatically serialized (launch.cuh, primitives.cuh'
   launch_kernel): the narrow grid starts only once every grouped CTA executed launch_dependents;
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cpu
 
 INCLUDE = pathlib.Path(__file__).parents[2] / "include" / "sparse_mla"
 PREFILL = INCLUDE / "sm90" / "prefill"
-GROUPED_CALL = ("entry.cuh", "prefill_token_groups_fwd")
+GROUPED_CALL = ("entry.cuh", "launch_token_groups_call")  # what both grouped entries (contiguous, paged) call
 
 
 def body(text, name):
@@ -36,8 +36,9 @@ def check_grouped_call_order(entry):
     the lists in the parameters before the first launch."""
     b = body(entry, GROUPED_CALL[1])
     launches = re.findall(r"\blaunch_\w+<[^>]*>\([^()]*\)", b)
-    assert launches == ["launch_token_groups<TOPK>(groups, stream)", "launch_prefill<D_QK, TOPK>(params, true, stream)",
-                        "launch_prefill<D_QK, TOPK>(params, false, stream)"], launches
+    assert launches == ["launch_token_groups<TOPK>(groups, stream)",
+                        "launch_prefill<D_QK, TOPK, LAYOUT>(params, true, stream)",
+                        "launch_prefill<D_QK, TOPK, LAYOUT>(params, false, stream)"], launches
     assert len(re.findall(r"\bcudaStream_t stream =", b)) == 1
     for member in ("group_length", "group_units"):
         assigned = b.find(f"params.{member} =")
@@ -119,9 +120,11 @@ def test_a_trigger_in_a_device_function_is_refused():
 
 MUTATIONS = {
     "the narrow launch first": (GROUPED_CALL[0], check_grouped_call_order, lambda t: _swap_lines(
-        t, "launch_prefill<D_QK, TOPK>(params, true, stream)", "launch_prefill<D_QK, TOPK>(params, false, stream)")),
+        t, "launch_prefill<D_QK, TOPK, LAYOUT>(params, true, stream)",
+        "launch_prefill<D_QK, TOPK, LAYOUT>(params, false, stream)")),
     "the narrow launch on another stream": (GROUPED_CALL[0], check_grouped_call_order, lambda t: t.replace(
-        "launch_prefill<D_QK, TOPK>(params, false, stream)", "launch_prefill<D_QK, TOPK>(params, false, nullptr)")),
+        "launch_prefill<D_QK, TOPK, LAYOUT>(params, false, stream)",
+        "launch_prefill<D_QK, TOPK, LAYOUT>(params, false, nullptr)")),
     "the lists set after the pre-pass": (GROUPED_CALL[0], check_grouped_call_order, lambda t: _swap_lines(
         t, "params.group_units = lists.units", "launch_token_groups<TOPK>(groups, stream)")),
     "the trigger before the wait": ("sm90/prefill/kernel.cuh", check_grouped_kernel_waits_then_triggers,

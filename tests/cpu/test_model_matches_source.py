@@ -137,6 +137,7 @@ def softmax_narrow_case(exact):
         "!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)": not exact,
         "g == 0": True,
         "fused": True,
+        "SCALED": False,  # the model's kv rows are contiguous
     }, model=lambda: trace(lambda c: model._softmax_narrow(c, NARROW_ORDER, exact, 0, 0, 0, []))[1:])
 
 
@@ -203,8 +204,8 @@ def producer_case(tile, n_pairs, unit_count=1, pair_base=1):
         "PAGED": False,  # the model's kv rows are contiguous
         "lane == 0 && warp == 0": True,
         "q.reused()": unit_count > 0,
-        "copies_arrive<TILE>()": tile == "narrow",
-        "!copies_arrive<TILE>()": tile != "narrow",
+        "copies_arrive<TILE, LAYOUT>()": tile == "narrow",
+        "!copies_arrive<TILE, LAYOUT>()": tile != "narrow",
         "n_pairs == 0": lambda e: e["n_pairs"] == 0,
         "stage.reused()": lambda e: e["pair_base"] + e["pair"] >= model.NUM_STAGES,
         "one_block_tile<TOPK, TILE>() && b == 1": False,
@@ -223,7 +224,7 @@ def run_producer_case(tile, units=(Unit("EF"), Unit(""), Unit("E"))):
 
     return Case("producer.cuh", "run_producer", model=events, calls=("produce_unit",),
                 loops={"; scheduler.has_work(); scheduler.advance()": ("unit", len(units))},
-                decide={"copies_arrive<TILE>()": tile == "narrow"})
+                decide={"copies_arrive<TILE, LAYOUT>()": tile == "narrow"})
 
 
 def store_outputs_case(tile):

@@ -1,6 +1,6 @@
 """Argument checks and launch plan of sparse_mla_q8kv8_paged_prefill_fwd, on fake CUDA tensors (metadata
 only, no GPU): the paged cache's own checks come first, then the contiguous call's for everything else;
-the plan runs the wide tile at every head count, with the tail split, never token groups."""
+the plan launches what the contiguous call's does, through the module's paged entries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from fake_tensors import fake_cuda, valid_args
 from sparse_mla import launch
-from sparse_mla.jit.key import PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION, KernelKey, generated_source
+from sparse_mla.jit.key import (ENTRY_FUNCTION, GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION,
+                                PAGED_SPLIT_CALL_FUNCTION, SPLIT_CALL_FUNCTION, KernelKey, generated_source)
 from sparse_mla.validate import INT32_MAX, MISSING, validate_paged_prefill_args
 
 H100_SMS = 132
@@ -67,18 +68,17 @@ def test_the_other_arguments_are_checked_as_the_contiguous_calls_are():
         validate_paged_prefill_args(**paged_args(out=fake_cuda((4, 16, 256), torch.bfloat16)))
 
 
-@pytest.mark.parametrize("s_q, h_q, entry", [(16, 16, PAGED_SPLIT_CALL_FUNCTION), (4000, 128, PAGED_CALL_FUNCTION),
-                                             (437, 64, PAGED_SPLIT_CALL_FUNCTION), (1024, 8, PAGED_CALL_FUNCTION)])
-def test_a_paged_call_runs_the_wide_tile_and_splits_as_the_wide_tile_does(s_q, h_q, entry):
-    plan = launch.paged_plan(s_q, h_q, 2048, H100_SMS, False)
-    assert (plan.entry, plan.tiles, plan.group_size) == (entry, ("wide",), 1), plan
-    items = s_q * -(-h_q // 64)
-    assert (plan.split_begin, plan.split_parts) == launch.split_plan(items, H100_SMS, 2048)
-    invariant = launch.paged_plan(s_q, h_q, 2048, H100_SMS, True)
-    assert (invariant.entry, invariant.split_parts) == (PAGED_CALL_FUNCTION, 1)
+@pytest.mark.parametrize("s_q, h_q", [(16, 16), (4000, 128), (437, 64), (1024, 8), (4096, 16), (100, 32)])
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_a_paged_call_launches_as_the_contiguous_call_does(s_q, h_q, batch_invariant):
+    plan = launch.plan(s_q, h_q, 2048, H100_SMS, batch_invariant)
+    paged = launch.paged_plan(s_q, h_q, 2048, H100_SMS, batch_invariant)
+    entries = {ENTRY_FUNCTION: PAGED_CALL_FUNCTION, SPLIT_CALL_FUNCTION: PAGED_SPLIT_CALL_FUNCTION,
+               GROUPED_CALL_FUNCTION: PAGED_GROUPED_CALL_FUNCTION}
+    assert paged == plan._replace(entry=entries[plan.entry])
 
 
 def test_the_module_exports_the_paged_entries():
     source = generated_source(KernelKey(576, 2048))
-    for name in (PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION):
+    for name in (PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION):
         assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});" in source

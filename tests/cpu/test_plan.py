@@ -118,11 +118,14 @@ def test_the_grouped_tile_runs_only_behind_its_own_pre_pass():
     """The grouped launch reads the lists the token groups' pre-pass writes: only the grouped call's
     entry launches it, right after launching that pre-pass on the same stream; no other entry takes a
     list or a flag that would let a caller launch it on lists not yet written."""
-    grouped_launches = [m.start() for m in re.finditer(r"launch_prefill<D_QK, TOPK>\(params, true", ENTRY)]
-    body = _function_body("prefill_token_groups_fwd")
+    grouped_launches = [m.start() for m in re.finditer(r"launch_prefill<D_QK, TOPK, LAYOUT>\(params, true", ENTRY)]
+    body = _function_body("launch_token_groups_call")
     assert len(grouped_launches) == 1 and ENTRY.index(body) < grouped_launches[0] < ENTRY.index(body) + len(body)
-    assert body.index("launch_token_groups<TOPK>(groups, stream)") < body.index("launch_prefill<D_QK, TOPK>(params, true")
-    for name in ("prefill_fwd", "prefill_split_fwd"):
+    assert body.index("launch_token_groups<TOPK>(groups, stream)") < body.index("launch_prefill<D_QK, TOPK, LAYOUT>(params, true")
+    callers = re.findall(r"void (\w+)\([^)]*\)[^{]*\{[^}]*launch_token_groups_call", ENTRY)
+    assert sorted(callers) == ["prefill_paged_token_groups_fwd", "prefill_token_groups_fwd"], callers
+    assert "launch_prefill<D_QK, TOPK>(params, true" not in ENTRY
+    for name in ("prefill_fwd", "prefill_split_fwd", "prefill_paged_fwd", "prefill_paged_split_fwd"):
         signature = _function_body(name).split("{")[0]
         assert "group" not in signature and "bool" not in signature, signature
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_mla.testing import (engine_requantized_kv, make_inputs, paged_indices, poisoned_outputs,
-                                quantize_paged_cache, random_latent, reference_prefill_paged, relative_error,
-                                shuffled_block_table)
+from sparse_mla.jit import KernelKey, get_module
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
+from sparse_mla.launch import group_size
+from sparse_mla.testing import (PRESETS, engine_requantized_kv, make_inputs, paged_indices, poisoned_outputs,
+                                quantize_paged_cache, random_latent, realistic_indices, reference_prefill_paged,
+                                relative_error, shuffled_block_table, token_group_lists)
 
 pytestmark = pytest.mark.gpu
 
@@ -184,3 +187,51 @@ def test_paged_under_torch_compile(paged_fwd, seed):
 
     summed, lse = step(args["q"], args["kv_cache"], args["indices"], args["q_scale"])
     assert torch.equal(lse, expected[2]) and torch.allclose(summed, expected[0].float().sum(dim=-1))
+
+
+@pytest.mark.parametrize("h_q", [8, 16, 24, 32])
+def test_paged_token_groups(paged_fwd, seed, h_q, monkeypatch):
+    """Neighbouring tokens' overlapping selections (realistic-glm, causal, no duplicates): groups form
+    (the pre-pass says so) and the grouped tile reads the paged rows."""
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
+    s_q, tokens = 96, 4096
+    args, _, _ = paged_call(s_q, tokens, h_q, 576, 2048, seed)
+    table = shuffled_block_table(tokens, BLOCK, seed=seed)
+    local = realistic_indices(s_q, tokens, 2048, **PRESETS["realistic-glm"], seed=seed)
+    args["indices"] = paged_indices(local, table, BLOCK, tokens, 2 * -(-tokens // BLOCK))
+    group = group_size(h_q, 2048)
+    lists = token_group_lists(args["q"].device, s_q, group, 2048)
+    module = get_module(KernelKey(d_qk=576, topk=2048))
+    getattr(module, TOKEN_GROUPS_FUNCTION)(args["indices"], None, args["kv_cache"].shape[0] * BLOCK, h_q, group,
+                                           float("inf"), *lists)
+    assert (lists[2] >= 0).any(), "no group formed"
+    assert_matches_reference(paged_fwd(**args, **poisoned_outputs(s_q, h_q)), args, f"seed={seed} h_q={h_q}")
+
+
+@pytest.mark.parametrize("h_q", [8, 16, 32])
+def test_paged_nan_row_stays_out_of_its_token_group(paged_fwd, seed, h_q, monkeypatch):
+    """A NaN scale in a row one token of a group selects: that token's outputs are NaN, its group's
+    other tokens' are finite and match the reference."""
+    monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
+    s_q, tokens = 64, 4096
+    args, _, _ = paged_call(s_q, tokens, h_q, 576, 2048, seed)
+    table = shuffled_block_table(tokens, BLOCK, seed=seed)
+    local = realistic_indices(s_q, tokens, 2048, **PRESETS["realistic-glm"], seed=seed)
+    indices = paged_indices(local, table, BLOCK, tokens, 2 * -(-tokens // BLOCK))
+    selected = indices[:, 0, :]
+    counts = torch.zeros(args["kv_cache"].shape[0] * BLOCK, dtype=torch.int64, device="cuda")
+    counts.scatter_add_(0, selected[selected >= 0].long(), torch.ones_like(selected[selected >= 0], dtype=torch.int64))
+    only_one = torch.nonzero(counts == 1).flatten()
+    assert only_one.numel() > 0
+    row = int(only_one[0])
+    cache = args["kv_cache"].clone()
+    cache.view(-1, 656)[row, 512:516] = torch.tensor([0, 0, 0xC0, 0x7F], dtype=torch.uint8)
+    args.update(kv_cache=cache, indices=indices)
+    out, max_logits, lse = paged_fwd(**args)
+    poisoned = (selected == row).any(dim=1)
+    assert int(poisoned.sum()) == 1
+    assert torch.isnan(out[poisoned]).all() and torch.isnan(lse[poisoned]).all() and torch.isnan(max_logits[poisoned]).all()
+    assert torch.isfinite(out[~poisoned].float()).all() and torch.isfinite(lse[~poisoned]).all()
+    clean = dict(args, q=args["q"][~poisoned].contiguous(), indices=indices[~poisoned].contiguous())
+    ref = reference_prefill_paged(clean["q"], cache, clean["indices"], args["sm_scale"], args["q_scale"])
+    assert relative_error(out[~poisoned], ref[0]) < PAGED_OUT_TOL, f"seed={seed}"

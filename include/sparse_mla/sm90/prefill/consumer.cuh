@@ -227,7 +227,9 @@ struct ScaledBlockLogits {
           mlog[h] = max_nan(mlog[h], logit);
           mloc[h] = max_nan(mloc[h], t);
           p[i] = ok ? ex2(t - base[h]) : 0.f;
-          psum[h] = fmaf(p[i], inv[i], psum[h]);
+          // Not 0 * inv for a masked slot: in a token group the row may be another token's, its
+          // scale NaN (its V's NaNs are cleared, clear_v_nans; its inv is not).
+          if (ok) psum[h] = fmaf(p[i], inv[i], psum[h]);
         }
         st_shared_u32(probs + 8 * h * 64 + ((grp ^ swz) << 4), to_e4m3x2(p[0], p[1]) | (to_e4m3x2(p[2], p[3]) << 16));
       }
@@ -250,16 +252,19 @@ template <Tile TILE, int D_QK, KvLayout LAYOUT>
 __device__ __forceinline__ bool softmax_to_probs(SharedStorage<D_QK, TILE, LAYOUT>& ss, const float (&s)[32], int stage, int wg,
                                                  int buf, float scale_log2, ConsumerState& st, RowMask row_mask) {
   const ConsumerThread thread = consumer_thread_of_index();
-  if constexpr (TileTraits<TILE>::kGroups) {
+  if constexpr (LAYOUT == KvLayout::kPaged) {
+    const uint32_t row_values = smem_addr(&ss.row_logit_scale[stage][wg][2 * thread.c]);
+    if constexpr (TileTraits<TILE>::kGroups) {
+      return softmax_to_probs(ss, ScaledBlockLogits<RowMask>{s, row_mask, row_values}, row_mask.valid == ~0u, stage,
+                              buf, thread, st);
+    } else {
+      const uint64_t valid_bits = ss.valid[stage][wg];
+      return softmax_to_probs(ss, ScaledBlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, row_values},
+                              valid_bits == ~0ull, stage, buf, thread, st);
+    }
+  } else if constexpr (TileTraits<TILE>::kGroups) {
     return softmax_to_probs(ss, BlockLogits<RowMask>{s, row_mask, scale_log2}, row_mask.valid == ~0u, stage, buf,
                             thread, st);
-  } else if constexpr (LAYOUT == KvLayout::kPaged) {
-    const uint64_t valid_bits = ss.valid[stage][wg];
-    const int slot = 2 * thread.c;
-    return softmax_to_probs(ss,
-                            ScaledBlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)},
-                                                         smem_addr(&ss.row_logit_scale[stage][wg][slot])},
-                            valid_bits == ~0ull, stage, buf, thread, st);
   } else {
     const uint64_t valid_bits = ss.valid[stage][wg];
     return softmax_to_probs(ss, BlockLogits<BlockMask>{s, {valid_bits >> (2 * thread.c)}, scale_log2},

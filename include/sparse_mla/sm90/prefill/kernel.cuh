@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1) prefill_kernel(const __grid_co
     for (int stage = 0; stage < NUM_STAGES; ++stage) {
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        ClusterBarrier::init(&ss.kv_full[stage][b], kv_full_arrivals<TILE>());
+        ClusterBarrier::init(&ss.kv_full[stage][b], kv_full_arrivals<TILE, LAYOUT>());
         ClusterBarrier::init(&ss.kv_empty[stage][b], KV_EMPTY_ARRIVALS);
       }
     }

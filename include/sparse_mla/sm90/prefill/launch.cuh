@@ -16,26 +16,20 @@ namespace sparse_mla::sm90 {
 // (params.group_length is set, no tail split); otherwise the call's tokens one by one, only those of
 // the groups that run token by token when params.group_length is set. A token-grouped launch sizes
 // its grid for every group or token: the CTAs past its list's length have no unit.
-// Returns the launch error; never synchronizes. Paged rows (LAYOUT kPaged) run the wide tile only, never
-// grouped.
+// Returns the launch error; never synchronizes. LAYOUT: how the kv rows lie (gather.cuh).
 template <int D_QK, int TOPK, prefill::KvLayout LAYOUT = prefill::KvLayout::kContiguous>
 cudaError_t launch_prefill(const PrefillParams& params, bool grouped, cudaStream_t stream) {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 or 576");
   static_assert(TOPK > 0, "topk must be positive");
-  using prefill::KvLayout;
-  using prefill::Tile;
-  void (*kernel)(PrefillParams);
-  int smem_bytes;
-  if constexpr (LAYOUT == KvLayout::kPaged) {
-    kernel = prefill::prefill_kernel<D_QK, TOPK, Tile::kWide, KvLayout::kPaged>;
-    smem_bytes = prefill::shared_storage_bytes<D_QK, Tile::kWide, KvLayout::kPaged>();
-  } else {
-    // The tile decides which launches it runs (tiles/select.cuh); every tile's kernel is compiled, each
-    // launched with its own storage's shared memory.
-    const Tile tile = prefill::launch_tile(params, grouped);
-    kernel = prefill::with_tile(tile, [](auto t) { return prefill::prefill_kernel<D_QK, TOPK, decltype(t)::value>; });
-    smem_bytes = prefill::with_tile(tile, [](auto t) { return prefill::shared_storage_bytes<D_QK, decltype(t)::value>(); });
-  }
+  // The tile decides which launches it runs (tiles/select.cuh); every tile's kernel is compiled, each
+  // launched with its own storage's shared memory.
+  const prefill::Tile tile = prefill::launch_tile(params, grouped);
+  const auto kernel = prefill::with_tile(tile, [](auto t) {
+    return prefill::prefill_kernel<D_QK, TOPK, decltype(t)::value, LAYOUT>;
+  });
+  const int smem_bytes = prefill::with_tile(tile, [](auto t) {
+    return prefill::shared_storage_bytes<D_QK, decltype(t)::value, LAYOUT>();
+  });
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
   // Persistent CTAs: one per SM (the shared-memory plan allows no second), none without work.

@@ -17,13 +17,17 @@ namespace sparse_mla::sm90::prefill {
 // are in flight. The wide tile's consumers could not use it: there the fence on every Q.K^T's path
 // costs more than the producer's waits (docs/lab.md, Experiment 35), and they release a pair only
 // after the next one arrived, so one pair is in flight either way.
-template <Tile TILE>
-constexpr bool copies_arrive() { return TileTraits<TILE>::kCopiesArrive; }
+// Paged rows (KvLayout::kPaged) never arrive by themselves: the producer requantizes them once they
+// landed (gather.cuh), so it waits for them at every tile.
+template <Tile TILE, KvLayout LAYOUT = KvLayout::kContiguous>
+constexpr bool copies_arrive() { return TileTraits<TILE>::kCopiesArrive && LAYOUT == KvLayout::kContiguous; }
 // Arrivals that complete q_full and kv_full: one per producer thread (once its copies landed and were
 // fenced, or its copies' landing), on kv_full where the copies arrive by themselves also lane 0 of
 // each producer warp after its valid bits (otherwise its one arrival comes after them).
-template <Tile TILE>
-constexpr int kv_full_arrivals() { return NUM_PRODUCER_THREADS + (copies_arrive<TILE>() ? NUM_PRODUCER_THREADS / 32 : 0); }
+template <Tile TILE, KvLayout LAYOUT = KvLayout::kContiguous>
+constexpr int kv_full_arrivals() {
+  return NUM_PRODUCER_THREADS + (copies_arrive<TILE, LAYOUT>() ? NUM_PRODUCER_THREADS / 32 : 0);
+}
 constexpr int Q_FULL_ARRIVALS = NUM_PRODUCER_THREADS;
 // Every consumer thread arrives on kv_empty and q_empty, so that each thread's own shared-memory
 // reads are released to the producer (an arrival by one lane would release only that lane's).

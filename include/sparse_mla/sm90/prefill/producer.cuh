@@ -106,8 +106,6 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
   const uint32_t dst_offset[2] = {pt.dst_offset[0], pt.dst_offset[1]};
 
   constexpr bool PAGED = LAYOUT == KvLayout::kPaged;
-  static_assert(!PAGED || (!TileTraits<TILE>::kGroups && !copies_arrive<TILE>()),
-                "paged rows are requantized by the producer after they land: the wide tile only");
   const auto kv = kv_rows<D_QK, LAYOUT>(params);
   const int q_row = w.q_row, head_begin = w.head_begin, num_heads = w.num_heads;
   const int n_slots = w.n_slots, n_pairs = w.n_pairs;
@@ -137,7 +135,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       copy_row_chunks<D_QK>(q_tile + dst_offset[k], src, valid);
     }
     cp_async_commit();  // arrives with the first pair's block 0 (below), or now if the unit has none;
-    if constexpr (copies_arrive<TILE>()) {  // or the copies' landing arrives
+    if constexpr (copies_arrive<TILE, LAYOUT>()) {  // or the copies' landing arrives
       cp_async_arrive_noinc(&ss.q_full);  // the consumers fence after their waits (traits.cuh)
     } else if (n_pairs == 0) {
       cp_async_wait<0>();
@@ -198,7 +196,7 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
       } else {
         // Where the copies arrive by themselves they need no group (committed too, they made the
         // producer spill 4 bytes in its kv_empty wait).
-        if constexpr (copies_arrive<TILE>()) cp_async_arrive_noinc(&ss.kv_full[stage.index][b]);
+        if constexpr (copies_arrive<TILE, LAYOUT>()) cp_async_arrive_noinc(&ss.kv_full[stage.index][b]);
         else cp_async_commit();
         // Valid bits of rows 8 * warp + j and 32 + 8 * warp + j (j < 8): lane 4j holds row j's flag.
         // Released with lane 0's arrival below.
@@ -208,11 +206,11 @@ __device__ __forceinline__ void produce_unit(const PrefillParams& params, Shared
           uint8_t* bytes = reinterpret_cast<uint8_t*>(&ss.valid[stage.index][b]);
           bytes[warp] = static_cast<uint8_t>(low);
           bytes[4 + warp] = static_cast<uint8_t>(high);
-          if constexpr (copies_arrive<TILE>()) mbarrier_arrive(&ss.kv_full[stage.index][b]);
+          if constexpr (copies_arrive<TILE, LAYOUT>()) mbarrier_arrive(&ss.kv_full[stage.index][b]);
         }
       }
     }
-    if constexpr (!copies_arrive<TILE>()) {
+    if constexpr (!copies_arrive<TILE, LAYOUT>()) {
       // Block 0 (and Q before it) landed, block 1 may still be in flight: see the handoff above.
       cp_async_wait<1>();
       if constexpr (PAGED) requantize_block<D_QK>(ss, pt, stage.index, 0, kv, index[0], scale_log2);
@@ -246,7 +244,7 @@ __device__ __forceinline__ void run_producer(const PrefillParams& params, Shared
     const WorkUnit w = scheduler.current();
     produce_unit<D_QK, TOPK, TILE>(params, ss, pt, w, scheduler.unit_count(), scheduler.pair_base(), scale_log2);
   }
-  if constexpr (copies_arrive<TILE>()) {  // no copy outlives its thread (they are not committed)
+  if constexpr (copies_arrive<TILE, LAYOUT>()) {  // no copy outlives its thread (they are not committed)
     cp_async_commit();
     cp_async_wait<0>();
   }

@@ -80,8 +80,9 @@ struct RowValidWords {
   uint64_t row0, row1;
   __device__ __forceinline__ RowMask mask() const { return RowMask::of_rows(row0, row1, static_cast<int>(threadIdx.x) & 3); }
 };
-template <int D_QK>
-__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK, Tile::kGrouped>& ss, int stage, int wg) {
+template <int D_QK, KvLayout LAYOUT>
+__device__ __forceinline__ RowValidWords grouped_row_words(const SharedStorage<D_QK, Tile::kGrouped, LAYOUT>& ss, int stage,
+                                                           int wg) {
   const int tid = static_cast<int>(threadIdx.x), row = ((tid >> 1) & 0x30) | ((tid >> 2) & 7);
   return {ss.row_valid[stage][wg][row], ss.row_valid[stage][wg][row + 8]};
 }

@@ -167,11 +167,54 @@ __device__ __forceinline__ void write_probs_narrow(const float (&s)[4 * NH_J], u
   }
 }
 
-// Online softmax of one pair, transposed (consumer.cuh's softmax_to_probs, per head column).
+// write_probs_narrow over paged rows (consumer.cuh's ScaledBlockLogits, transposed): this thread's 2
+// slots h at their rows' logit multiplier mul[h] (scale_log2 * sigma), log2 sigma lg[h] and 1 / sigma
+// inv[h]; P' = 2^(logit + lg - reference), the sums add P' / sigma, mloc gets the max of logit + lg
+// and mlog that of the logits.
+template <int NH_J>
+__device__ __forceinline__ void write_probs_narrow_scaled(const float (&s)[4 * NH_J], uint32_t valid2,
+                                                          const float (&mul)[2], const float (&lg)[2],
+                                                          const float (&inv)[2], const float (&reference)[2 * NH_J],
+                                                          uint32_t probs_row0, float (&psum)[2 * NH_J],
+                                                          float (&mloc)[2 * NH_J], float (&mlog)[2 * NH_J]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const bool odd = (g & 1) != 0;
+#pragma unroll
+  for (int j = 0; j < NH_J; ++j) {
+    uint32_t pk[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int hh = 2 * j + e;
+      const float base = reference[hh] == -INFINITY ? 0.f : reference[hh];
+      float p[2], logit[2], t[2];
+      psum[hh] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = ((valid2 >> h) & 1u) != 0;
+        logit[h] = ok ? __fmul_rn(s[4 * j + 2 * h + e], mul[h]) : -INFINITY;
+        t[h] = logit[h] + lg[h];
+        p[h] = ok ? ex2(t[h] - base) : 0.f;
+        if (ok) psum[hh] = fmaf(p[h], inv[h], psum[hh]);
+      }
+      mloc[hh] = max_nan(t[0], t[1]);
+      mlog[hh] = max_nan(logit[0], logit[1]);
+      pk[e] = to_e4m3x2(p[0], p[1]);
+    }
+    const uint32_t keep = odd ? pk[1] : pk[0];
+    const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 4);
+    const uint32_t group = odd ? prmt(recv, keep, 0x5140) : prmt(keep, recv, 0x5140);
+    st_shared_u32(probs_row0 + frag_col(c, j, odd ? 1 : 0) * 64, group);
+  }
+}
+
+// Online softmax of one pair, transposed (consumer.cuh's softmax_to_probs, per head column). `stage`:
+// the pair's KV stage (paged rows: their row values).
 template <int D_QK, Tile TILE, int NH, KvLayout LAYOUT>
 __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE, LAYOUT>& ss, const float (&s)[NH / 2], uint64_t valid_bits,
-                                               int buf, float scale_log2, NarrowState<NH>& st) {
+                                               int buf, float scale_log2, NarrowState<NH>& st,
+                                               [[maybe_unused]] int stage) {
   constexpr int NH_J = NarrowState<NH>::J;
+  constexpr bool SCALED = LAYOUT == KvLayout::kPaged;
   const auto [wg, warp, lane, g, c] = consumer_thread_of_index();  // no shuffles: consumer.cuh's softmax_to_probs
   const uint32_t valid2 = static_cast<uint32_t>((valid_bits >> (16 * warp + g)) & 1u) |
                           (static_cast<uint32_t>((valid_bits >> (16 * warp + g + 8)) & 1u) << 1);
@@ -184,14 +227,27 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE, LAYOUT>
   fused = __all_sync(0xffffffffu, fused);
 
   float mloc[2 * NH_J], psum[2 * NH_J];
-  if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
-  else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  [[maybe_unused]] float mlog[2 * NH_J], mul[2], lg[2], inv[2];  // paged rows (write_probs_narrow_scaled)
+  if constexpr (SCALED) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int slot = 16 * warp + g + 8 * h;
+      mul[h] = ss.row_logit_scale[stage][wg][slot];
+      lg[h] = ss.row_scale_log2[stage][wg][slot];
+      inv[h] = ss.row_scale_inv[stage][wg][slot];
+    }
+    write_probs_narrow_scaled<NH_J>(s, valid2, mul, lg, inv, st.reference, probs_row0, psum, mloc, mlog);
+  } else {
+    if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+    else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, mloc);
+  }
   cutlass::arch::fence_view_async_shared();  // P: generic stores -> wgmma reads
   cute::warpgroup_wait<0>();  // this consumer's P.V of the previous pair's block 1: consumer.cuh
   bool moved = false;
 #pragma unroll
   for (int hh = 0; hh < 2 * NH_J; ++hh) {
-    st.row_max[hh] = max_nan(st.row_max[hh], mloc[hh]);
+    if constexpr (SCALED) st.row_max[hh] = max_nan(st.row_max[hh], mlog[hh]);
+    else st.row_max[hh] = max_nan(st.row_max[hh], mloc[hh]);
     moved = moved || mloc[hh] - st.reference[hh] > REFERENCE_SLACK;
   }
   if (!named_barrier_sync_or<kProbsReady, NUM_CONSUMER_THREADS>(moved)) {
@@ -226,8 +282,13 @@ __device__ __forceinline__ bool softmax_narrow(SharedStorage<D_QK, TILE, LAYOUT>
   for (int hh = 0; hh < 2 * NH_J; ++hh) fused = fused && fabsf(st.reference[hh]) <= 0x1p22f;
   fused = __all_sync(0xffffffffu, fused);
   float unused[2 * NH_J];
-  if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
-  else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+  if constexpr (SCALED) {
+    float unused_logits[2 * NH_J];
+    write_probs_narrow_scaled<NH_J>(s, valid2, mul, lg, inv, st.reference, probs_row0, psum, unused, unused_logits);
+  } else {
+    if (fused) write_probs_narrow<true, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+    else write_probs_narrow<false, NH_J>(s, valid2, scale_log2, st.reference, probs_row0, psum, unused);
+  }
 #pragma unroll
   for (int hh = 0; hh < 2 * NH_J; ++hh) st.row_sum[hh] = st.row_sum[hh] * st.alpha[hh] + psum[hh];
   cutlass::arch::fence_view_async_shared();
@@ -292,7 +353,7 @@ __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK, TILE, LA
   if (!ONE_BLOCK || wg == 0) issue_qk_narrow(ss, first.index, wg, s);
   cute::warpgroup_wait<0>();
   fence_operands(s);
-  bool rescale = softmax_narrow(ss, s, ss.valid[first.index][wg], 0, scale_log2, st);
+  bool rescale = softmax_narrow(ss, s, ss.valid[first.index][wg], 0, scale_log2, st, first.index);
   take_v(first);
 
   const auto rescale_o = [&] {  // alpha of this thread's own heads: no shared memory
@@ -322,7 +383,7 @@ __device__ __forceinline__ void run_narrow_mainloop(SharedStorage<D_QK, TILE, LA
     // wait before its barrier retires them (the P buffers' order, as in consumer.cuh).
     cute::warpgroup_wait<1>();
     fence_operands(s);
-    rescale = softmax_narrow(ss, s, ss.valid[next.index][wg], buf ^ 1, scale_log2, st);
+    rescale = softmax_narrow(ss, s, ss.valid[next.index][wg], buf ^ 1, scale_log2, st, next.index);
     take_v(next);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fence_operands(st.o[i]);
@@ -365,8 +426,13 @@ __device__ __forceinline__ void store_outputs_narrow(const PrefillParams& params
       sum += ss.head_sum[k / 4][k % 4][head];
       row_max = max_nan(row_max, ss.head_max[k / 4][k % 4][head]);
     }
-    const RowOutputs r =
-        finalize_row(params, ss.head_reference[head], sum, row_max, *params.kv_scale, head, head < num_heads);
+    const RowOutputs r = [&] {
+      if constexpr (LAYOUT == KvLayout::kPaged) {  // each row's scale is in its P (consumer.cuh)
+        return finalize_row(params, ss.head_reference[head], sum, row_max, 1.f, head, head < num_heads);
+      } else {
+        return finalize_row(params, ss.head_reference[head], sum, row_max, *params.kv_scale, head, head < num_heads);
+      }
+    }();
     ss.out_scale[head] = r.scale;
     if (head < num_heads) store_row_outputs(params, q_row, head, r);
   }
