@@ -24,6 +24,10 @@
   back), NaN rows behind invalid slots, sinks. At s_kv 4K the pre-pass's owner map holds a byte per
   kv row; the same at s_kv 128K with groups of 4 (h_q 16) and 2 (h_q 32) packs it to 4 and 2 bits,
   and groups of 8 (h_q 8) keep a byte per row in CTAs of 1024 threads.
+- ``paged``: the ``small``, ``pipeline`` and ``narrow`` cases and the first ``groups`` one over the engines'
+  paged cache (sparse_mla_q8kv8_paged_prefill_fwd): kv's values, NaN rows included, written as 656-byte
+  rows into shuffled blocks of 64 rows a block stride of 65 rows apart, the indices mapped to them
+  (hostile values outside the cache kept), checked norm-wise against the paged reference.
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -34,7 +38,7 @@ import sys
 
 import torch
 
-from sparse_mla import sparse_mla_q8kv8_prefill_fwd
+from sparse_mla import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd
 from sparse_mla.launch import group_size
 from sparse_mla.testing import (
     INT32_MAX,
@@ -42,8 +46,13 @@ from sparse_mla.testing import (
     assert_close_to_reference,
     error_model,
     make_inputs,
+    paged_indices,
     poisoned_outputs,
+    quantize_paged_cache,
     reference_prefill,
+    reference_prefill_paged,
+    relative_error,
+    shuffled_block_table,
     with_duplicated_groups,
     with_shared_neighbours,
 )
@@ -128,7 +137,50 @@ def groups_cases(seed: int):
                    "overlapping"), inputs
 
 
+PAGE = 64
+
+
+def paged_cases(seed: int):
+    """Other cases' inputs over a paged cache: (name, paged call's arguments)."""
+    sources = [small_cases(seed), pipeline_cases(seed), narrow_cases(seed)]
+    first_groups = next(groups_cases(seed))
+    for name, inputs in (case for source in sources for case in source):
+        yield f"paged {name}", to_paged(inputs, seed)
+    yield f"paged {first_groups[0]}", to_paged(first_groups[1], seed)
+
+
+def to_paged(inputs: dict, seed: int) -> dict:
+    s_kv, _, d_qk = inputs["kv"].shape
+    latent = inputs["kv"][:, 0].float() * inputs["kv_scale"]
+    table = shuffled_block_table(s_kv, PAGE, seed=seed).cuda()
+    blocks = 2 * -(-s_kv // PAGE)
+    cache = quantize_paged_cache(latent, PAGE, block_table=table, num_blocks=blocks)
+    spaced = torch.zeros(blocks, PAGE + 1, 1, 656, dtype=torch.uint8, device="cuda")
+    spaced[:, :PAGE] = cache
+    return dict(q=inputs["q"], kv_cache=spaced[:, :PAGE], indices=paged_indices(inputs["indices"], table, PAGE, s_kv, blocks),
+                sm_scale=inputs["sm_scale"], q_scale=inputs["q_scale"], d_v=inputs["d_v"], attn_sink=inputs["attn_sink"],
+                topk_length=inputs["topk_length"])
+
+
+def check_paged(result, args: dict, context: str) -> None:
+    ref = reference_prefill_paged(args["q"], args["kv_cache"], args["indices"], args["sm_scale"], args["q_scale"],
+                                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    for got, expected in zip(result, ref):
+        finite = torch.isfinite(expected)
+        assert torch.equal(got.float()[~finite], expected[~finite]), f"special values differ: {context}"
+        assert torch.isfinite(got.float()[finite]).all(), f"not finite where the reference is: {context}"
+    assert relative_error(result[0], ref[0]) < 3e-2, f"out error {relative_error(result[0], ref[0]):.3e}: {context}"
+
+
 seed, case = int(sys.argv[1]), sys.argv[2]
+if case == "paged":
+    for name, args in paged_cases(seed):
+        s_q, h_q, _ = args["q"].shape
+        result = sparse_mla_q8kv8_paged_prefill_fwd(**args, **poisoned_outputs(s_q, h_q, device="cuda"))
+        torch.cuda.synchronize()
+        check_paged(result, args, f"seed {seed}, {name}")
+    print("SANITIZE-CASE-OK")
+    sys.exit(0)
 cases = {"small": small_cases, "pipeline": pipeline_cases, "units": units_cases, "narrow": narrow_cases,
          "groups": groups_cases}
 for name, inputs in cases[case](seed):

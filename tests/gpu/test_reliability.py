@@ -37,7 +37,7 @@ def _compute_sanitizer() -> str | None:
     return found or (str(candidate) if candidate.is_file() else None)
 
 
-@pytest.mark.parametrize("case", ["small", "pipeline", "units", "narrow", "groups"])
+@pytest.mark.parametrize("case", ["small", "pipeline", "units", "narrow", "groups", "paged"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     """``small``: three kernel keys on tiny shapes with every corner; ``pipeline``: topk 2048, h_q 72,
@@ -45,7 +45,8 @@ def test_compute_sanitizer_finds_nothing_under_hostile_input(tool, case, seed):
     units than CTAs, units of 0, 1 and 4 pairs and split parts in turn on each CTA; ``narrow``: the same
     with the narrow tiles at h_q 8, 16 and 24, no split; ``groups``: token
     groups, more than CTAs, grouped and narrow units in turn, the owner map at 8, 4 and 2 bits a row,
-    the pre-pass in CTAs of 512 and 1024 threads (sanitize_case.py)."""
+    the pre-pass in CTAs of 512 and 1024 threads; ``paged``: several of these over the engines' paged
+    cache (sanitize_case.py)."""
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (looked on PATH and in $CUDA_HOME/bin)")
