@@ -223,7 +223,7 @@ struct ScaledBlockLogits {
         for (int i = 0; i < 4; ++i) {
           const bool ok = ALL_VALID || is_valid(k[i]);
           const float logit = ok ? __fmul_rn(s[k[i]], mul[i]) : -INFINITY;
-          const float t = logit + lg[i];
+          const float t = ok ? logit + lg[i] : -INFINITY;  // a masked row's scale may be NaN (token groups)
           mlog[h] = max_nan(mlog[h], logit);
           mloc[h] = max_nan(mloc[h], t);
           p[i] = ok ? ex2(t - base[h]) : 0.f;

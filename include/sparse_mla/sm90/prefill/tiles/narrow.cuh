@@ -192,7 +192,7 @@ __device__ __forceinline__ void write_probs_narrow_scaled(const float (&s)[4 * N
       for (int h = 0; h < 2; ++h) {
         const bool ok = ((valid2 >> h) & 1u) != 0;
         logit[h] = ok ? __fmul_rn(s[4 * j + 2 * h + e], mul[h]) : -INFINITY;
-        t[h] = logit[h] + lg[h];
+        t[h] = ok ? logit[h] + lg[h] : -INFINITY;
         p[h] = ok ? ex2(t[h] - base) : 0.f;
         if (ok) psum[hh] = fmaf(p[h], inv[h], psum[hh]);
       }
