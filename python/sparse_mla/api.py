@@ -93,22 +93,8 @@ def sparse_mla_q8kv8_prefill_fwd(
     validate_prefill_args(
         q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, topk_length, out, max_logits, lse
     )
-    if batch_invariant is None:
-        batch_invariant = env.batch_invariant()
-    elif not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
-    s_q, h_q, _ = q.shape
-    # The caller's outputs are checked against the inputs and each other; the library's own cannot
-    # overlap anything.
-    preallocated = None
-    if out is not None or max_logits is not None or lse is not None:
-        preallocated = {name: t for name, t in zip(_OUTPUTS, (out, max_logits, lse)) if t is not None}
-    if out is None:
-        out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16)
-    if max_logits is None:
-        max_logits = q.new_empty((s_q, h_q), dtype=torch.float32)
-    if lse is None:
-        lse = q.new_empty((s_q, h_q), dtype=torch.float32)
+    batch_invariant = _mode(batch_invariant)
+    preallocated, out, max_logits, lse = _outputs(q, d_v, out, max_logits, lse)
     if torch.compiler.is_compiling():
         torch.ops.sparse_mla.q8kv8_prefill_fwd_(
             q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale),
@@ -123,6 +109,33 @@ def sparse_mla_q8kv8_prefill_fwd(
         check_pointers(_named_inputs(args), preallocated)
     launch(args)
     return out, max_logits, lse
+
+
+def _mode(batch_invariant: Optional[bool]) -> bool:
+    """The call's mode: ``batch_invariant`` as passed, or the environment's where None."""
+    if batch_invariant is None:
+        return env.batch_invariant()
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+    return batch_invariant
+
+
+def _outputs(q: torch.Tensor, d_v: int, out: Optional[torch.Tensor], max_logits: Optional[torch.Tensor],
+             lse: Optional[torch.Tensor]) -> tuple[Optional[dict], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The caller's outputs by name (None if it passed none: they are checked against the inputs and each
+    other at launch; the library's own cannot overlap anything), then out, max_logits and lse, each the
+    caller's or a new tensor."""
+    s_q, h_q, _ = q.shape
+    preallocated = None
+    if out is not None or max_logits is not None or lse is not None:
+        preallocated = {name: t for name, t in zip(_OUTPUTS, (out, max_logits, lse)) if t is not None}
+    if out is None:
+        out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16)
+    if max_logits is None:
+        max_logits = q.new_empty((s_q, h_q), dtype=torch.float32)
+    if lse is None:
+        lse = q.new_empty((s_q, h_q), dtype=torch.float32)
+    return preallocated, out, max_logits, lse
 
 
 _INPUTS = ("q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")
@@ -198,18 +211,8 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
     """
     validate_paged_prefill_args(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits,
                                 lse)
-    if batch_invariant is None:
-        batch_invariant = env.batch_invariant()
-    elif not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
-    s_q, h_q, _ = q.shape
-    preallocated = {name: t for name, t in zip(_OUTPUTS, (out, max_logits, lse)) if t is not None}
-    if out is None:
-        out = q.new_empty((s_q, h_q, d_v), dtype=torch.bfloat16)
-    if max_logits is None:
-        max_logits = q.new_empty((s_q, h_q), dtype=torch.float32)
-    if lse is None:
-        lse = q.new_empty((s_q, h_q), dtype=torch.float32)
+    batch_invariant = _mode(batch_invariant)
+    preallocated, out, max_logits, lse = _outputs(q, d_v, out, max_logits, lse)
     if torch.compiler.is_compiling():
         torch.ops.sparse_mla.q8kv8_paged_prefill_fwd_(
             q, kv_cache, indices, q_scale, attn_sink, topk_length, out, max_logits, lse, float(sm_scale),
@@ -218,7 +221,7 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
         return out, max_logits, lse
     args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse,
                        float(sm_scale), batch_invariant)
-    check_pointers(_named_inputs(args), preallocated)
+    check_pointers(_named_inputs(args), preallocated or {})
     launch(args)
     return out, max_logits, lse
 

@@ -297,19 +297,8 @@ def _check_in_order(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink,
 PAGED_ROW_BYTES = 656
 
 
-def validate_paged_prefill_args(
-    q,
-    kv_cache,
-    indices,
-    sm_scale,
-    q_scale,
-    d_v,
-    attn_sink,
-    topk_length,
-    out,
-    max_logits,
-    lse,
-) -> None:
+def validate_paged_prefill_args(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits,
+                                lse) -> None:
     """validate_prefill_args for a call over the paged cache: kv_cache first (a CUDA tensor on q's device,
     1-byte elements, [num_blocks, block_size, 1, 656], each block's rows contiguous, blocks a multiple
     of 16 bytes apart), then every other argument as the contiguous call's."""
