@@ -23,6 +23,9 @@ if env.cuda_home() is None:
 # The production shapes, and a ragged topk that exercises the masked tail.
 KEYS = [KernelKey(576, 2048), KernelKey(512, 512), KernelKey(576, 100)]
 GROUPED_TILE_SPILL_BYTES = 8  # stack frame, spill stores and loads of the grouped tile, each at most
+# The grouped tile over paged rows, at a ragged topk (7, 100): its producer (40 registers) keeps two
+# 64-bit pointers in local memory, reloaded twice a pair (docs/lab.md, Experiment 136).
+PAGED_GROUPED_TILE_SPILL_BYTES = 16
 
 
 def prebuild(cache_dir, *args):
@@ -63,7 +66,11 @@ def test_kernel_compiles_for_sm90a_without_spills(prebuilt, key):
     for kernel, values in frames.items():
         # The grouped tile (Tile::kGrouped, mangled TileE2) spills a register or two (reloaded once a pair)
         # (docs/lab.md, Experiments 38 and 46), bounded here so that it cannot grow.
-        limit = GROUPED_TILE_SPILL_BYTES if "TileE2E" in kernel else 0
+        limit = 0
+        if "TileE2ELNS1_8KvLayoutE1E" in kernel:  # KvLayout::kPaged
+            limit = PAGED_GROUPED_TILE_SPILL_BYTES
+        elif "TileE2E" in kernel:
+            limit = GROUPED_TILE_SPILL_BYTES
         assert all(int(v) <= limit for v in values), (kernel, values)
 
 

@@ -205,17 +205,18 @@ struct ScaledBlockLogits {
 #pragma unroll
     for (int grp = 0; grp < 4; ++grp) {
       // Slots 16G + 2c + e and 16G + 8 + 2c + e: s[8G + 2h + e] and s[8G + 4 + 2h + e] of both rows h.
-      float mul[4], lg[4], inv[4];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t at = row_values + 4 * (16 * grp + 8 * half);
-        const float2 m = ld_shared_f32x2(at), l = ld_shared_f32x2(at + LOG2_AT), i = ld_shared_f32x2(at + INV_AT);
-        mul[2 * half] = m.x, mul[2 * half + 1] = m.y;
-        lg[2 * half] = l.x, lg[2 * half + 1] = l.y;
-        inv[2 * half] = i.x, inv[2 * half + 1] = i.y;
-      }
+      // The row values are loaded for each row h again: held across both, they spilled.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        float mul[4], lg[4], inv[4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t at = row_values + 4 * (16 * grp + 8 * half);
+          const float2 m = ld_shared_f32x2(at), l = ld_shared_f32x2(at + LOG2_AT), i = ld_shared_f32x2(at + INV_AT);
+          mul[2 * half] = m.x, mul[2 * half + 1] = m.y;
+          lg[2 * half] = l.x, lg[2 * half + 1] = l.y;
+          inv[2 * half] = i.x, inv[2 * half + 1] = i.y;
+        }
         const int k0 = 8 * grp + 2 * h, k2 = 8 * grp + 4 + 2 * h;
         const int k[4] = {k0, k0 + 1, k2, k2 + 1};
         float p[4];
