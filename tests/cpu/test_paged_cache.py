@@ -27,6 +27,7 @@ from sparse_mla.testing import (
     reference_prefill,
     reference_prefill_paged,
     relative_error,
+    requantized_rows,
     shuffled_block_table,
 )
 from sparse_mla.testing.numerics import E4M3_RMS_ROUNDING
@@ -282,3 +283,46 @@ def test_engine_path_error(spread_log2, capsys):
     assert errors["engine_kernel"] > errors["direct_kernel"]
     if spread_log2 == 0:
         assert E4M3_RMS_ROUNDING <= errors["engine"] <= 2 * E4M3_RMS_ROUNDING
+
+
+# The rounding the paged kernel adds (requantized_rows, a model of gather.cuh's requantize_row): each
+# value once more to e4m3 at its row's scale sigma, within half an e4m3 step of it: 2^-4 of the value
+# in the normal range (plus 2^-11 for the fp16 product and the fp16 factor), 2^-10 sigma below it.
+REQUANT_RELATIVE, REQUANT_ABSOLUTE = 2.0**-4 + 2.0**-10, 2.0**-10
+
+
+@pytest.mark.parametrize("spread", [10, 8, 4, 0])
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_the_kernels_requantization_stays_within_half_an_e4m3_step(spread, d_qk):
+    cache = quantize_paged_cache(random_latent(512, d_qk, tile_spread_log2=spread, seed=spread))
+    exact = dequantize_paged_cache(cache, d_qk)
+    values, sigma = requantized_rows(cache, d_qk)
+    assert (sigma >= exact[:, :512].abs().amax(dim=1) / FP8_E4M3_MAX * (1 - 2.0**-20)).all()
+    error = (values * sigma[:, None] - exact).abs()
+    assert (error <= REQUANT_RELATIVE * exact.abs() + REQUANT_ABSOLUTE * sigma[:, None]).all()
+    # The row's largest tile keeps its bytes: exact there.
+    nope_scales = cache.view(-1, PAGED_ROW_BYTES)[:, 512:528].contiguous().view(torch.float32).double()
+    kept = (nope_scales == sigma[:, None]).repeat_interleave(128, dim=1)
+    assert torch.equal(error[:, :512][kept], torch.zeros_like(error[:, :512][kept]))
+
+
+@pytest.mark.parametrize("spread", [10, 8, 4, 0])
+def test_the_kernels_requantization_costs_less_than_the_engines_path(spread):
+    """Exact attention over each path's keys against the dequantized cache's: the paged kernel's
+    rounding (one, of the non-largest tiles and the rope) against the engines' (every value again at
+    scale 1.0, the rope too)."""
+    tokens, s_q, h_q, topk = 2048, 8, 16, 512
+    cache = quantize_paged_cache(random_latent(tokens, 576, tile_spread_log2=spread, seed=spread))
+    q, q_scale = quantize_fp8(0.2 * torch.randn(s_q, h_q, 576, generator=torch.Generator().manual_seed(spread)))
+    indices = random_indices(s_q, tokens, topk, seed=spread, device="cpu")
+    sm_scale = 576**-0.5
+    unit = torch.ones(1)
+    ref = reference_prefill(q, dequantize_paged_cache(cache).unsqueeze(1), indices, sm_scale, q_scale, unit)
+    values, sigma = requantized_rows(cache)
+    paged = reference_prefill(q, (values * sigma[:, None]).unsqueeze(1), indices, sm_scale, q_scale, unit)
+    engine_kv, engine_scale = engine_requantized_kv(cache, torch.arange(tokens, dtype=torch.int32))
+    engine = reference_prefill(q, engine_kv, indices, sm_scale, q_scale, engine_scale)
+    paged_err, engine_err = relative_error(paged[0], ref[0]), relative_error(engine[0], ref[0])
+    print(f"\nspread 2^{spread}: out error of exact attention over the paged kernel's keys {paged_err:.2e}, "
+          f"over the engines' {engine_err:.2e}")
+    assert paged_err < engine_err

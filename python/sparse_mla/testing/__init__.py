@@ -10,9 +10,10 @@
 - `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain;
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `quantize_paged_cache`, `dequantize_paged_cache`, `random_latent`, `shuffled_block_table`,
-  `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`: the serving engines' 656-byte
-  FP8 paged cache (format, writer, exact reader, scattered blocks), the float64 reference over it, and
-  the engines' gather-dequantize-requantize-to-scale-1.0 path.
+  `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`, `requantized_rows`: the serving
+  engines' 656-byte FP8 paged cache (format, writer, exact reader, scattered blocks), the float64
+  reference over it, the engines' gather-dequantize-requantize-to-scale-1.0 path, and the paged
+  kernel's own requantization of each row to one scale.
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 - `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
@@ -60,6 +61,7 @@ from sparse_mla.testing.paged_cache import (
     quantize_paged_cache,
     random_latent,
     reference_prefill_paged,
+    requantized_rows,
     shuffled_block_table,
 )
 from sparse_mla.testing.reference import OUT_TOL, assert_close_to_reference, reference_prefill, relative_error
@@ -105,6 +107,7 @@ __all__ = [
     "reference_prefill",
     "reference_prefill_paged",
     "relative_error",
+    "requantized_rows",
     "shared_neighbour_indices",
     "shuffled_block_table",
     "token_group_lists",

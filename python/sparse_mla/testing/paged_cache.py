@@ -48,6 +48,7 @@ __all__ = [
     "quantize_paged_cache",
     "random_latent",
     "reference_prefill_paged",
+    "requantized_rows",
     "shuffled_block_table",
 ]
 
@@ -188,6 +189,39 @@ def reference_prefill_paged(
     keys = dequantize_paged_cache(kv_cache, q.shape[-1]).to(q.device)
     unit = torch.ones(1, dtype=torch.float32, device=q.device)
     return reference_prefill(q, keys.unsqueeze(1), indices, sm_scale, q_scale, unit, d_v, attn_sink, topk_length)
+
+
+# The smallest row scale the kernel gives a row (include/sparse_mla/sm90/prefill/gather.cuh, MIN_ROW_SCALE).
+MIN_ROW_SCALE = 2.0**-100
+
+
+def requantized_rows(kv_cache: torch.Tensor, d_qk: int = 576) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's requantization of every row of ``kv_cache``, as a float model of
+    include/sparse_mla/sm90/prefill/gather.cuh (requantize_row): each row's scale sigma is the largest of
+    its 4 tile scales and (d_qk 576) its rope's amax / 448, at least ``MIN_ROW_SCALE`` (NaN stays NaN);
+    the tiles whose scale is sigma keep their e4m3 values, every other tile's values are multiplied by
+    scale / sigma in fp16 (the factor rounded to fp16 too) and rounded to e4m3, the rope divided by sigma
+    in float32 and rounded to e4m3. Returns ``(values, sigma)``: float64 ``[rows, d_qk]`` (the e4m3
+    values at scale sigma) and float64 ``[rows]``; ``values * sigma`` is the key the kernel reads."""
+    rows = kv_cache.view(torch.uint8).reshape(-1, PAGED_ROW_BYTES)
+    nope = rows[:, :_SCALES_AT].contiguous().view(torch.float8_e4m3fn).reshape(-1, _TILES, TILE)
+    scales = rows[:, _SCALES_AT:_ROPE_AT].contiguous().view(torch.float32)
+    sigma = scales.amax(dim=1)
+    sigma = torch.where(scales.isnan().any(dim=1), torch.nan, sigma)
+    rope = None
+    if d_qk > NOPE_DIM:
+        rope = rows[:, _ROPE_AT:].contiguous().view(torch.bfloat16).float()
+        amax = rope.abs().amax(dim=1)
+        sigma = torch.where(rope.isnan().any(dim=1), torch.nan, torch.maximum(sigma, amax / FP8_E4M3_MAX))
+    sigma = torch.where(sigma.isnan() | (sigma >= MIN_ROW_SCALE), sigma, torch.full_like(sigma, MIN_ROW_SCALE))
+    factor = (scales / sigma[:, None]).half()
+    scaled = (nope.half() * factor[:, :, None]).float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    kept = (scales == sigma[:, None])[:, :, None]
+    values = torch.where(kept, nope.double(), scaled.double()).reshape(-1, NOPE_DIM)
+    if rope is not None:
+        rope_e4m3 = (rope * (1.0 / sigma[:, None])).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+        values = torch.cat([values, rope_e4m3.double()], dim=1)
+    return values, sigma.double()
 
 
 def engine_requantized_kv(kv_cache: torch.Tensor, rows: torch.Tensor,
