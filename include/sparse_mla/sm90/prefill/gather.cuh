@@ -1,8 +1,8 @@
 // The producer's row gather (producer.cuh): where a kv row lies in global memory, whether a slot's index
 // names one, and how a producer thread copies its share of a row into a 64-byte swizzled tile. The
 // layout of the rows is this file's policy, not the tiles': produce_unit takes a kv row only through
-// ContiguousRows, so that another layout of the cache (paged FP8 rows with their per-column-block
-// scales, say) is one more type with the same members, and every tile runs on it unchanged.
+// ContiguousRows or PagedRows (KvLayout, traits.cuh), and every tile runs on either; paged rows add a
+// step after their copies land, requantize_row, and a scale per row that the consumers fold in.
 #pragma once
 
 #include <cstdint>

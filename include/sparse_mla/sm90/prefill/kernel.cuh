@@ -3,7 +3,8 @@
 // Numerics: Q.K^T and P.V run on e4m3 wgmma with fp32 accumulators (FP8 tensor-core accumulation
 // carries a few units of 2^-9 relative error per logit); softmax in the exp2 domain with
 // sm_scale * q_scale * kv_scale * log2(e) folded into one multiplier; P rounded to e4m3; the
-// dequantization scale of V applied once in the epilogue.
+// dequantization scale of V applied once in the epilogue. Paged rows (KvLayout::kPaged) carry a scale
+// per row instead of kv_scale, folded into each row's logit and P (consumer.cuh, ScaledBlockLogits).
 #pragma once
 
 #include <cmath>
