@@ -139,11 +139,12 @@ def _outputs(q: torch.Tensor, d_v: int, out: Optional[torch.Tensor], max_logits:
 
 
 _INPUTS = ("q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")
+_PAGED_INPUTS = ("q", "kv_cache", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")  # kv_scale None
 _OUTPUTS = ("out", "max_logits", "lse")
 
 
 def _named_inputs(args: PrefillArgs) -> dict:
-    return dict(zip(_INPUTS, args))
+    return dict(zip(_INPUTS if args.kv_scale is not None else _PAGED_INPUTS, args))
 
 
 @torch.library.custom_op("sparse_mla::q8kv8_prefill_fwd_", mutates_args=("out", "max_logits", "lse"))

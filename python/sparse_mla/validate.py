@@ -337,20 +337,22 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return start, start + extent * t.element_size()
 
 
-def check_row_alignment(q: torch.Tensor, kv: torch.Tensor) -> None:
-    """q and kv start at 16-byte aligned addresses; needs real (not fake) tensors."""
+def check_row_alignment(q: torch.Tensor, kv: torch.Tensor, kv_name: str = "kv") -> None:
+    """q and kv (or the paged call's kv_cache: ``kv_name``) start at 16-byte aligned addresses; needs real
+    (not fake) tensors."""
     if q.data_ptr() % ROW_ALIGNMENT or kv.data_ptr() % ROW_ALIGNMENT:
-        for name, tensor in (("q", q), ("kv", kv)):
+        for name, tensor in (("q", q), (kv_name, kv)):
             if tensor.data_ptr() % ROW_ALIGNMENT:
                 _fail(f"{name} must start at a {ROW_ALIGNMENT}-byte aligned address, got {tensor.data_ptr():#x}")
 
 
 def check_pointers(inputs: dict[str, Optional[torch.Tensor]], outputs: dict[str, torch.Tensor]) -> None:
-    """Alignment of q/kv and aliasing of the caller's preallocated outputs; needs real (not fake)
-    tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
-    q, kv = inputs["q"], inputs["kv"]
+    """Alignment of q/kv (or kv_cache) and aliasing of the caller's preallocated outputs; needs real (not
+    fake) tensors. Outputs the library allocated itself are not passed: they cannot overlap anything."""
+    kv_name = "kv" if "kv" in inputs else "kv_cache"
+    q, kv = inputs["q"], inputs[kv_name]
     assert q is not None and kv is not None  # required arguments, validated before
-    check_row_alignment(q, kv)
+    check_row_alignment(q, kv, kv_name)
     if not outputs:
         return
     spans = [(name, _byte_span(t)) for name, t in (*inputs.items(), *outputs.items()) if t is not None]

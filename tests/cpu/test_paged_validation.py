@@ -11,7 +11,7 @@ from fake_tensors import fake_cuda, valid_args
 from sparse_mla import launch
 from sparse_mla.jit.key import (ENTRY_FUNCTION, GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION,
                                 PAGED_SPLIT_CALL_FUNCTION, SPLIT_CALL_FUNCTION, KernelKey, generated_source)
-from sparse_mla.validate import INT32_MAX, MISSING, validate_paged_prefill_args
+from sparse_mla.validate import INT32_MAX, MISSING, check_pointers, validate_paged_prefill_args
 
 H100_SMS = 132
 
@@ -82,3 +82,11 @@ def test_the_module_exports_the_paged_entries():
     source = generated_source(KernelKey(576, 2048))
     for name in (PAGED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION):
         assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {name});" in source
+
+
+def test_a_misaligned_cache_is_named_as_the_cache():
+    q = torch.empty((4, 16, 576), dtype=torch.float8_e4m3fn)
+    cache = torch.empty(2 * 64 * 656 + 8, dtype=torch.uint8)[8:].view(2, 64, 1, 656)
+    assert cache.data_ptr() % 16 == 8 and q.data_ptr() % 16 == 0
+    with pytest.raises(ValueError, match="kv_cache must start at a 16-byte aligned address"):
+        check_pointers({"q": q, "kv_cache": cache, "kv_scale": None}, {})
