@@ -216,7 +216,10 @@ _PAGED_ENTRIES = {ENTRY_FUNCTION: PAGED_CALL_FUNCTION, SPLIT_CALL_FUNCTION: PAGE
 @functools.lru_cache(maxsize=4096)
 def paged_plan(s_q: int, h_q: int, topk: int, num_sms: int, batch_invariant: bool, token_groups: str = "auto") -> Plan:
     """`plan` of a call over the paged cache: the same launches, through the module's paged entries."""
-    call_plan = plan(s_q, h_q, topk, num_sms, batch_invariant, token_groups)
+    return _through_paged_entries(plan(s_q, h_q, topk, num_sms, batch_invariant, token_groups))
+
+
+def _through_paged_entries(call_plan: Plan) -> Plan:
     return call_plan._replace(entry=_PAGED_ENTRIES[call_plan.entry])
 
 
@@ -233,7 +236,7 @@ def _planned_entry(device_index: int, d_qk: int, s_q: int, h_q: int, topk: int, 
     ``paged``: a call over the engines' paged cache (``paged_plan``)."""
     call_plan = plan_on(device_index, s_q, h_q, topk, batch_invariant, token_groups)
     if paged:
-        call_plan = call_plan._replace(entry=_PAGED_ENTRIES[call_plan.entry])
+        call_plan = _through_paged_entries(call_plan)
     return call_plan, getattr(get_module(_kernel_key(d_qk, topk)), call_plan.entry)
 
 

@@ -129,6 +129,16 @@ __device__ __forceinline__ float column_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
+// This thread's P of column group j (pk[e]: e4m3 of slots g (low byte) and g + 8 (high byte) for head
+// 8j + 2c + e) into the P tile: even g keeps head e = 0 and gives e = 1 to its partner g + 1, which keeps
+// e = 1; the group's bytes, in K order: even g's slot g, odd's, even's g + 8, odd's.
+__device__ __forceinline__ void store_probs_group(const uint32_t (&pk)[2], uint32_t probs_row0, int c, int j, bool odd) {
+  const uint32_t keep = odd ? pk[1] : pk[0];
+  const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 4);
+  const uint32_t group = odd ? prmt(recv, keep, 0x5140) : prmt(keep, recv, 0x5140);
+  st_shared_u32(probs_row0 + frag_col(c, j, odd ? 1 : 0) * 64, group);
+}
+
 // P^T of this thread's 2 slots x NH / 4 heads against `reference`, into the P tile (see the fragment
 // notes); returns per head the sum of the unrounded P and the max of the (rounded) logits.
 // `fused` is warp-uniform (the P exchange below is a shuffle).
@@ -158,12 +168,7 @@ __device__ __forceinline__ void write_probs_narrow(const float (&s)[4 * NH_J], u
       mloc[hh] = max_nan(l0, l1);
       pk[e] = to_e4m3x2(p[0], p[1]);
     }
-    // Even g keeps head e = 0 and gives e = 1 to its partner g + 1, which keeps e = 1.
-    const uint32_t keep = odd ? pk[1] : pk[0];
-    const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 4);
-    // Bytes of the group, in K order: even g's slot g, odd's, even's g + 8, odd's.
-    const uint32_t group = odd ? prmt(recv, keep, 0x5140) : prmt(keep, recv, 0x5140);
-    st_shared_u32(probs_row0 + frag_col(c, j, odd ? 1 : 0) * 64, group);
+    store_probs_group(pk, probs_row0, c, j, odd);
   }
 }
 
@@ -200,10 +205,7 @@ __device__ __forceinline__ void write_probs_narrow_scaled(const float (&s)[4 * N
       mlog[hh] = max_nan(logit[0], logit[1]);
       pk[e] = to_e4m3x2(p[0], p[1]);
     }
-    const uint32_t keep = odd ? pk[1] : pk[0];
-    const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 4);
-    const uint32_t group = odd ? prmt(recv, keep, 0x5140) : prmt(keep, recv, 0x5140);
-    st_shared_u32(probs_row0 + frag_col(c, j, odd ? 1 : 0) * 64, group);
+    store_probs_group(pk, probs_row0, c, j, odd);
   }
 }
 
