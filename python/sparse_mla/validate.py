@@ -138,33 +138,61 @@ def _plainly_valid(q, kv, indices, sm_scale, q_scale, kv_scale, d_v, attn_sink, 
     on one CUDA device, contiguous preallocated outputs, a float sm_scale. Anything else (a tensor
     subclass, a strided output, an int sm_scale, a fault) returns False and takes the ordered checks,
     which accept it or name its first fault. ``cuda=False`` asks the same of CPU tensors (for tests)."""
+    if type(kv) is not _TENSOR or type(kv_scale) is not _TENSOR or kv.is_cuda is not cuda or kv_scale.is_cuda is not cuda:
+        return False
+    kv_shape = kv.shape
+    if kv.dtype is not _FP8 or kv_scale.dtype is not _F32 or kv_scale.numel() != 1 or len(kv_shape) != 3:
+        return False
+    s_kv, h_kv, kv_d_qk = kv_shape
+    kv_strides = kv.stride()
+    if (h_kv != H_KV or not 1 <= s_kv <= INT32_MAX or kv_strides[2] != 1 or (s_kv > 1 and kv_strides[0] % ROW_ALIGNMENT)
+            or kv_scale.get_device() != kv.get_device()):
+        return False
+    return _plainly_valid_rest(q, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+                               kv.get_device(), kv_d_qk, cuda)
+
+
+def _plainly_valid_paged(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+                         cuda: bool = True) -> bool:
+    """`_plainly_valid` of a call over the paged cache: True only where validate_paged_prefill_args accepts."""
+    if type(kv_cache) is not _TENSOR or kv_cache.is_cuda is not cuda or kv_cache.element_size() != 1:
+        return False
+    shape, strides = kv_cache.shape, kv_cache.stride()
+    if kv_cache.dtype is torch.bool or len(shape) != 4 or shape[2] != H_KV or shape[3] != PAGED_ROW_BYTES:
+        return False
+    num_blocks, block_size = shape[0], shape[1]
+    if (strides[3] != 1 or (block_size > 1 and strides[1] != PAGED_ROW_BYTES)
+            or (num_blocks > 1 and strides[0] % ROW_ALIGNMENT) or not 1 <= num_blocks * block_size <= INT32_MAX):
+        return False
+    return _plainly_valid_rest(q, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse,
+                               kv_cache.get_device(), None, cuda)
+
+
+def _plainly_valid_rest(q, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse, device: int,
+                        kv_d_qk: Optional[int], cuda: bool) -> bool:
+    """The shortcut's checks of every argument but the kv rows (on ``device``, of ``kv_d_qk`` columns;
+    None: the paged cache's rows, which serve either head dimension)."""
     if type(sm_scale) is not float or not -MAX_SM_SCALE <= sm_scale <= MAX_SM_SCALE or type(d_v) is not int or d_v != D_V:
         return False
-    if (type(q) is not _TENSOR or type(kv) is not _TENSOR or type(indices) is not _TENSOR
-            or type(q_scale) is not _TENSOR or type(kv_scale) is not _TENSOR):
+    if type(q) is not _TENSOR or type(indices) is not _TENSOR or type(q_scale) is not _TENSOR:
         return False
-    device = q.get_device()
-    if (q.is_cuda is not cuda or kv.is_cuda is not cuda or indices.is_cuda is not cuda or q_scale.is_cuda is not cuda
-            or kv_scale.is_cuda is not cuda or kv.get_device() != device or indices.get_device() != device
-            or q_scale.get_device() != device or kv_scale.get_device() != device):
+    if (q.is_cuda is not cuda or indices.is_cuda is not cuda or q_scale.is_cuda is not cuda or q.get_device() != device
+            or indices.get_device() != device or q_scale.get_device() != device):
         return False
-    if (q.dtype is not _FP8 or kv.dtype is not _FP8 or indices.dtype is not _I32 or q_scale.dtype is not _F32
-            or kv_scale.dtype is not _F32):
+    if q.dtype is not _FP8 or indices.dtype is not _I32 or q_scale.dtype is not _F32:
         return False
-    q_shape, kv_shape, indices_shape = q.shape, kv.shape, indices.shape
-    if len(q_shape) != 3 or len(kv_shape) != 3 or len(indices_shape) != 3:
+    q_shape, indices_shape = q.shape, indices.shape
+    if len(q_shape) != 3 or len(indices_shape) != 3:
         return False
     s_q, h_q, d_qk = q_shape
-    s_kv, h_kv, kv_d_qk = kv_shape
     topk = indices_shape[2]
-    if (d_qk not in SUPPORTED_D_QK or h_kv != H_KV or kv_d_qk != d_qk or indices_shape[0] != s_q
-            or indices_shape[1] != H_KV or not 1 <= h_q <= INT32_MAX or not 1 <= s_kv <= INT32_MAX
-            or not 1 <= topk <= INT32_MAX or s_q > INT32_MAX or s_q * -(-h_q // HEAD_BLOCK) > MAX_WORK_ITEMS
-            or q_scale.numel() != 1 or kv_scale.numel() != 1):
+    if (d_qk not in SUPPORTED_D_QK or (kv_d_qk is not None and kv_d_qk != d_qk) or indices_shape[0] != s_q
+            or indices_shape[1] != H_KV or not 1 <= h_q <= INT32_MAX or not 1 <= topk <= INT32_MAX or s_q > INT32_MAX
+            or s_q * -(-h_q // HEAD_BLOCK) > MAX_WORK_ITEMS or q_scale.numel() != 1):
         return False
-    q_strides, kv_strides = q.stride(), kv.stride()
+    q_strides = q.stride()
     if (q_strides[2] != 1 or (s_q > 1 and q_strides[0] % ROW_ALIGNMENT) or (h_q > 1 and q_strides[1] % ROW_ALIGNMENT)
-            or kv_strides[2] != 1 or (s_kv > 1 and kv_strides[0] % ROW_ALIGNMENT) or not indices.is_contiguous()):
+            or not indices.is_contiguous()):
         return False
     return ((attn_sink is None or _plain(attn_sink, cuda, device, _F32, (h_q,)))
             and (topk_length is None or _plain(topk_length, cuda, device, _I32, (s_q,)))
@@ -302,6 +330,8 @@ def validate_paged_prefill_args(q, kv_cache, indices, sm_scale, q_scale, d_v, at
     """validate_prefill_args for a call over the paged cache: kv_cache first (a CUDA tensor on q's device,
     1-byte elements, [num_blocks, block_size, 1, 656], each block's rows contiguous, blocks a multiple
     of 16 bytes apart), then every other argument as the contiguous call's."""
+    if _plainly_valid_paged(q, kv_cache, indices, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse):
+        return
     for name, t in (("q", q), ("kv_cache", kv_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(_not_a_tensor(name, t))

@@ -18,7 +18,7 @@ from fake_tensors import fake_cuda, valid_args
 from seeds import hypothesis_run
 from sparse_mla import api, launch
 from sparse_mla import validate
-from sparse_mla.validate import EXPECTED_DTYPES, check_pointers, validate_prefill_args
+from sparse_mla.validate import EXPECTED_DTYPES, check_pointers, validate_paged_prefill_args, validate_prefill_args
 
 TENSORS = ["q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length", "out", "max_logits", "lse"]
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
@@ -57,9 +57,9 @@ def _expected_shape(name: str, args: dict) -> tuple:
             "lse": (s_q, h_q)}.get(name) or tuple(args[name].shape)
 
 
-def _mutate(draw, args) -> str:
-    """Break one rule for one argument; returns the argument the error must name."""
-    name = draw(st.sampled_from(TENSORS))
+def _mutate(draw, args, names=TENSORS) -> str:
+    """Break one rule for one of ``names``; returns the argument the error must name."""
+    name = draw(st.sampled_from(names))
     # One-element scales have no layout rule: a strided view of one is still a valid scale.
     kinds = ["device", "dtype", "rank", "type"] + ([] if name in ("q_scale", "kv_scale") else ["stride"])
     kind = draw(st.sampled_from(kinds))
@@ -130,6 +130,62 @@ def test_the_shortcut_accepts_nothing_the_ordered_checks_refuse(data):
     assume(len({v.device for v in args.values() if isinstance(v, torch.Tensor)}) == 1)
     if validate._plainly_valid(**_cpu_twins(args), cuda=False):
         validate._check_in_order(**args)
+
+
+@st.composite
+def valid_paged_calls(draw):
+    """valid_calls over a paged cache: kv and kv_scale replaced by [num_blocks, block_size, 1, 656] rows of a
+    1-byte dtype, each block's rows contiguous, blocks `pad` rows further apart than their rows."""
+    args = draw(valid_calls())
+    del args["kv"], args["kv_scale"]
+    block_size, pad = draw(st.sampled_from([1, 16, 64])), draw(st.sampled_from([0, 1, 3]))
+    dtype = draw(st.sampled_from([torch.uint8, torch.int8, torch.float8_e4m3fn]))
+    args["kv_cache"] = fake_cuda((draw(st.integers(1, 40)), block_size + pad, 1, 656), dtype,
+                                 view=lambda t: t[:, :block_size])
+    return args
+
+
+def _mutate_cache(draw, args) -> None:
+    """Break one rule of kv_cache: its device, element size, rank, row or block layout, or type."""
+    num_blocks, block_size = args["kv_cache"].shape[:2]
+    kind = draw(st.sampled_from(["device", "dtype", "rank", "rows", "blocks", "type"]))
+    if kind == "device":
+        args["kv_cache"] = torch.empty((num_blocks, block_size, 1, 656), dtype=torch.uint8)
+    elif kind == "dtype":
+        args["kv_cache"] = fake_cuda((num_blocks, block_size, 1, 328), draw(st.sampled_from([torch.int16, torch.bfloat16])))
+    elif kind == "rank":
+        args["kv_cache"] = fake_cuda((num_blocks * block_size, 1, 656), torch.uint8)
+    elif kind == "rows":  # rows 8 bytes apart more than their length
+        assume(block_size > 1)
+        args["kv_cache"] = fake_cuda((num_blocks, block_size, 1, 664), torch.uint8, view=lambda t: t[..., :656])
+    elif kind == "blocks":  # a block stride that is no multiple of 16 bytes
+        assume(num_blocks > 1)
+        stride = block_size * 656 + 8
+        args["kv_cache"] = fake_cuda((num_blocks * stride,), torch.uint8,
+                                     view=lambda t: t.as_strided((num_blocks, block_size, 1, 656), (stride, 656, 656, 1)))
+    else:
+        args["kv_cache"] = draw(st.sampled_from([[1.0], "cache", object()]))
+
+
+@SETTINGS
+@given(valid_paged_calls())
+def test_valid_paged_calls_pass_and_take_the_shortcut(args):
+    validate_paged_prefill_args(**args)  # fake tensors: the ordered checks
+    assert validate._plainly_valid_paged(**_cpu_twins(args), cuda=False)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_the_paged_shortcut_accepts_nothing_the_ordered_checks_refuse(data):
+    args = data.draw(valid_paged_calls())
+    mutation = data.draw(st.sampled_from(["none", "cache", "other"]))
+    if mutation == "cache":
+        _mutate_cache(data.draw, args)
+    elif mutation == "other":
+        _mutate(data.draw, args, [name for name in TENSORS if name not in ("kv", "kv_scale")])
+    assume(len({v.device for v in args.values() if isinstance(v, torch.Tensor)}) == 1)
+    if validate._plainly_valid_paged(**_cpu_twins(args), cuda=False):
+        validate_paged_prefill_args(**args)
 
 
 @SETTINGS
