@@ -27,6 +27,7 @@ from sparse_mla.testing import (
     reference_prefill,
     reference_prefill_paged,
     relative_error,
+    requantized_keys,
     requantized_rows,
     shuffled_block_table,
 )
@@ -304,6 +305,8 @@ def test_the_kernels_requantization_stays_within_half_an_e4m3_step(spread, d_qk)
     nope_scales = cache.view(-1, PAGED_ROW_BYTES)[:, 512:528].contiguous().view(torch.float32).double()
     kept = (nope_scales == sigma[:, None]).repeat_interleave(128, dim=1)
     assert torch.equal(error[:, :512][kept], torch.zeros_like(error[:, :512][kept]))
+    # The keys the GPU tests hold the kernel to are these values at their scales.
+    assert torch.equal(requantized_keys(cache, d_qk), (values * sigma[:, None]).float().unsqueeze(1))
 
 
 @pytest.mark.parametrize("spread", [10, 8, 4, 0])

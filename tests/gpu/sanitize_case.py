@@ -27,7 +27,8 @@
 - ``paged``: the ``small``, ``pipeline`` and ``narrow`` cases and the first ``groups`` one over the engines'
   paged cache (sparse_mla_q8kv8_paged_prefill_fwd): kv's values, NaN rows included, written as 656-byte
   rows into shuffled blocks of 64 rows a block stride of 65 rows apart, the indices mapped to them
-  (hostile values outside the cache kept), checked norm-wise against the paged reference.
+  (hostile values outside the cache kept), checked with the acceptance rule over the keys the kernel
+  reads (requantized_keys).
 
 Each result is checked against the reference with the acceptance rule; the script prints
 SANITIZE-CASE-OK at the end.
@@ -50,8 +51,7 @@ from sparse_mla.testing import (
     poisoned_outputs,
     quantize_paged_cache,
     reference_prefill,
-    reference_prefill_paged,
-    relative_error,
+    requantized_keys,
     shuffled_block_table,
     with_duplicated_groups,
     with_shared_neighbours,
@@ -163,13 +163,17 @@ def to_paged(inputs: dict, seed: int) -> dict:
 
 
 def check_paged(result, args: dict, context: str) -> None:
-    ref = reference_prefill_paged(args["q"], args["kv_cache"], args["indices"], args["sm_scale"], args["q_scale"],
-                                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
-    for got, expected in zip(result, ref):
-        finite = torch.isfinite(expected)
-        assert torch.equal(got.float()[~finite], expected[~finite]), f"special values differ: {context}"
-        assert torch.isfinite(got.float()[finite]).all(), f"not finite where the reference is: {context}"
-    assert relative_error(result[0], ref[0]) < 3e-2, f"out error {relative_error(result[0], ref[0]):.3e}: {context}"
+    """The acceptance rule over the keys the kernel reads (requantized_keys): hostile inputs come from
+    e4m3 rows whose tiles share one scale, where the requantization's second rounding alone moves out
+    by ~3e-2 against the cache's own values (as the engines' path does); requantized_rows' tests
+    (cpu tier) bound that step, this checks the kernel's arithmetic and special values around it."""
+    q = args["q"]
+    inputs = dict(q=q, kv=requantized_keys(args["kv_cache"], q.shape[-1]), indices=args["indices"],
+                  sm_scale=args["sm_scale"], q_scale=args["q_scale"],
+                  kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=args["d_v"],
+                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    assert_close_to_reference(*result, reference_prefill(**inputs), model=error_model(**inputs), lse_tol=None,
+                              max_logits_tol=None, context=context)
 
 
 seed, case = int(sys.argv[1]), sys.argv[2]

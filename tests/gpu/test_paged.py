@@ -1,6 +1,7 @@
 """GPU tier: sparse_mla_q8kv8_paged_prefill_fwd over the engines' paged FP8 cache, against the float64
-reference over the dequantized cache (reference_prefill_paged) and against the engines' path
-(requantize at scale 1.0, then the contiguous kernel) on the same cache.
+reference over the dequantized cache (reference_prefill_paged, norm-wise), per (row, head) with the
+contiguous call's acceptance rule over the keys the kernel reads (requantized_keys), and against the
+engines' path (requantize at scale 1.0, then the contiguous kernel) on the same cache.
 
 Each cache holds a latent whose 128-column tiles differ in magnitude by 2^10 within a row (as real
 writers' tiles do), written in scattered blocks of a larger cache (shuffled_block_table). Outputs are
@@ -15,9 +16,10 @@ import torch
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.launch import group_size
-from sparse_mla.testing import (PRESETS, engine_requantized_kv, make_inputs, paged_indices, poisoned_outputs,
-                                quantize_paged_cache, random_latent, realistic_indices, reference_prefill_paged,
-                                relative_error, shuffled_block_table, token_group_lists)
+from sparse_mla.testing import (PRESETS, assert_close_to_reference, engine_requantized_kv, error_model, make_inputs,
+                                paged_indices, poisoned_outputs, quantize_paged_cache, random_latent, realistic_indices,
+                                reference_prefill, reference_prefill_paged, relative_error, requantized_keys,
+                                shuffled_block_table, token_group_lists)
 
 pytestmark = pytest.mark.gpu
 
@@ -66,6 +68,14 @@ def assert_matches_reference(got, args, message):
     assert err < PAGED_OUT_TOL, f"out error {err:.3e}; {message}"
     assert relative_error(lse, ref[2]) < 1e-2, message
     assert relative_error(max_logits, ref[1]) < 1e-2, message
+    # Per (row, head): the contiguous call's acceptance rule over the keys the kernel reads.
+    q = args["q"]
+    inputs = dict(q=q, kv=requantized_keys(args["kv_cache"], q.shape[-1]), indices=args["indices"],
+                  sm_scale=args["sm_scale"], q_scale=args["q_scale"],
+                  kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=args.get("d_v", 512),
+                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    assert_close_to_reference(out, max_logits, lse, reference_prefill(**inputs), model=error_model(**inputs),
+                              context=message)
     return err, ref
 
 

@@ -61,6 +61,7 @@ from sparse_mla.testing.paged_cache import (
     quantize_paged_cache,
     random_latent,
     reference_prefill_paged,
+    requantized_keys,
     requantized_rows,
     shuffled_block_table,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "reference_prefill",
     "reference_prefill_paged",
     "relative_error",
+    "requantized_keys",
     "requantized_rows",
     "shared_neighbour_indices",
     "shuffled_block_table",

@@ -48,6 +48,7 @@ __all__ = [
     "quantize_paged_cache",
     "random_latent",
     "reference_prefill_paged",
+    "requantized_keys",
     "requantized_rows",
     "shuffled_block_table",
 ]
@@ -222,6 +223,15 @@ def requantized_rows(kv_cache: torch.Tensor, d_qk: int = 576) -> tuple[torch.Ten
         rope_e4m3 = (rope * (1.0 / sigma[:, None])).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
         values = torch.cat([values, rope_e4m3.double()], dim=1)
     return values, sigma.double()
+
+
+def requantized_keys(kv_cache: torch.Tensor, d_qk: int = 576) -> torch.Tensor:
+    """The keys the paged kernel reads, row for row (`requantized_rows`' values times their sigma):
+    float32 ``[rows, 1, d_qk]``. With a kv_scale of 1 they stand in for kv in `reference_prefill` and
+    `error_model`, which holds a paged call to the contiguous call's acceptance rule over the rows it
+    actually multiplies; `requantized_rows` bounds how far those lie from the cache's own values."""
+    values, sigma = requantized_rows(kv_cache, d_qk)
+    return (values * sigma[:, None]).float().unsqueeze(1)
 
 
 def engine_requantized_kv(kv_cache: torch.Tensor, rows: torch.Tensor,
