@@ -15,10 +15,13 @@ from sparse_mla.testing import (
     FP8_E4M3_MAX,
     HOSTILE_INDICES,
     PAGED_ROW_BYTES,
+    as_read_inputs,
     assert_close_to_reference,
     dequantize_paged_cache,
     engine_requantized_kv,
+    error_model,
     fp8_model_prefill,
+    make_inputs,
     paged_indices,
     quantize_fp8,
     quantize_paged_cache,
@@ -329,3 +332,23 @@ def test_the_kernels_requantization_costs_less_than_the_engines_path(spread):
     print(f"\nspread 2^{spread}: out error of exact attention over the paged kernel's keys {paged_err:.2e}, "
           f"over the engines' {engine_err:.2e}")
     assert paged_err < engine_err
+
+
+def test_the_rule_over_the_keys_the_kernel_reads_sees_the_requantization():
+    """The GPU tests hold a paged call to the acceptance rule over as_read_inputs: the reference over
+    those keys passes it (hostile indices, NaN rows, sinks, topk_length); attention over the cache's
+    exact values, which the requantization moves, does not (tiles of one scale: spread 2^0)."""
+    a = make_inputs(16, 256, 20, 576, 64, seed=1, device="cpu", invalid="hostile", all_invalid_rows=3,
+                    nan_kv_rows=True, topk_length="random", attn_sink="special")
+    table = shuffled_block_table(256, 64, seed=1)
+    cache = quantize_paged_cache(a["kv"][:, 0].float() * a["kv_scale"], 64, block_table=table, num_blocks=8)
+    args = dict(q=a["q"], kv_cache=cache, indices=paged_indices(a["indices"], table, 64, 256, 8), sm_scale=a["sm_scale"],
+                q_scale=a["q_scale"], attn_sink=a["attn_sink"], topk_length=a["topk_length"])
+    inputs = as_read_inputs(**args)
+    ref, model = reference_prefill(**inputs), error_model(**inputs)
+    assert_close_to_reference(ref[0].to(torch.bfloat16), ref[1], ref[2], ref, model=model, lse_tol=None,
+                              max_logits_tol=None)
+    exact = reference_prefill_paged(**args)
+    with pytest.raises(AssertionError):
+        assert_close_to_reference(exact[0].to(torch.bfloat16), exact[1], exact[2], ref, model=model, lse_tol=None,
+                                  max_logits_tol=None)

@@ -44,6 +44,7 @@ from sparse_mla.launch import group_size
 from sparse_mla.testing import (
     INT32_MAX,
     INT32_MIN,
+    as_read_inputs,
     assert_close_to_reference,
     error_model,
     make_inputs,
@@ -51,7 +52,6 @@ from sparse_mla.testing import (
     poisoned_outputs,
     quantize_paged_cache,
     reference_prefill,
-    requantized_keys,
     shuffled_block_table,
     with_duplicated_groups,
     with_shared_neighbours,
@@ -167,11 +167,7 @@ def check_paged(result, args: dict, context: str) -> None:
     e4m3 rows whose tiles share one scale, where the requantization's second rounding alone moves out
     by ~3e-2 against the cache's own values (as the engines' path does); requantized_rows' tests
     (cpu tier) bound that step, this checks the kernel's arithmetic and special values around it."""
-    q = args["q"]
-    inputs = dict(q=q, kv=requantized_keys(args["kv_cache"], q.shape[-1]), indices=args["indices"],
-                  sm_scale=args["sm_scale"], q_scale=args["q_scale"],
-                  kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=args["d_v"],
-                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    inputs = as_read_inputs(**args)
     assert_close_to_reference(*result, reference_prefill(**inputs), model=error_model(**inputs), lse_tol=None,
                               max_logits_tol=None, context=context)
 

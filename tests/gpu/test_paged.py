@@ -16,9 +16,9 @@ import torch
 from sparse_mla.jit import KernelKey, get_module
 from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
 from sparse_mla.launch import group_size
-from sparse_mla.testing import (PRESETS, assert_close_to_reference, engine_requantized_kv, error_model, make_inputs,
-                                paged_indices, poisoned_outputs, quantize_paged_cache, random_latent, realistic_indices,
-                                reference_prefill, reference_prefill_paged, relative_error, requantized_keys,
+from sparse_mla.testing import (PRESETS, as_read_inputs, assert_close_to_reference, engine_requantized_kv, error_model,
+                                make_inputs, paged_indices, poisoned_outputs, quantize_paged_cache, random_latent,
+                                realistic_indices, reference_prefill, reference_prefill_paged, relative_error,
                                 shuffled_block_table, token_group_lists)
 
 pytestmark = pytest.mark.gpu
@@ -69,11 +69,7 @@ def assert_matches_reference(got, args, message):
     assert relative_error(lse, ref[2]) < 1e-2, message
     assert relative_error(max_logits, ref[1]) < 1e-2, message
     # Per (row, head): the contiguous call's acceptance rule over the keys the kernel reads.
-    q = args["q"]
-    inputs = dict(q=q, kv=requantized_keys(args["kv_cache"], q.shape[-1]), indices=args["indices"],
-                  sm_scale=args["sm_scale"], q_scale=args["q_scale"],
-                  kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=args.get("d_v", 512),
-                  attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    inputs = as_read_inputs(**args)
     assert_close_to_reference(out, max_logits, lse, reference_prefill(**inputs), model=error_model(**inputs),
                               context=message)
     return err, ref

@@ -42,6 +42,7 @@ from sparse_mla.testing.reference import reference_prefill
 
 __all__ = [
     "PAGED_ROW_BYTES",
+    "as_read_inputs",
     "dequantize_paged_cache",
     "engine_requantized_kv",
     "paged_indices",
@@ -228,10 +229,22 @@ def requantized_rows(kv_cache: torch.Tensor, d_qk: int = 576) -> tuple[torch.Ten
 def requantized_keys(kv_cache: torch.Tensor, d_qk: int = 576) -> torch.Tensor:
     """The keys the paged kernel reads, row for row (`requantized_rows`' values times their sigma):
     float32 ``[rows, 1, d_qk]``. With a kv_scale of 1 they stand in for kv in `reference_prefill` and
-    `error_model`, which holds a paged call to the contiguous call's acceptance rule over the rows it
-    actually multiplies; `requantized_rows` bounds how far those lie from the cache's own values."""
+    `error_model` (`as_read_inputs`), which holds a paged call to the contiguous call's acceptance rule
+    over the rows it actually multiplies; `requantized_rows` bounds how far those lie from the cache's
+    own values."""
     values, sigma = requantized_rows(kv_cache, d_qk)
     return (values * sigma[:, None]).float().unsqueeze(1)
+
+
+def as_read_inputs(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
+                   q_scale: torch.Tensor, d_v: int = 512, attn_sink: Optional[torch.Tensor] = None,
+                   topk_length: Optional[torch.Tensor] = None) -> dict:
+    """A paged call's arguments as the contiguous call's keywords over the keys the kernel reads
+    (`requantized_keys`, kv_scale 1): for `reference_prefill`, `error_model` and so
+    `assert_close_to_reference`."""
+    return dict(q=q, kv=requantized_keys(kv_cache, q.shape[-1]), indices=indices, sm_scale=sm_scale,
+                q_scale=q_scale, kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=d_v,
+                attn_sink=attn_sink, topk_length=topk_length)
 
 
 def engine_requantized_kv(kv_cache: torch.Tensor, rows: torch.Tensor,
