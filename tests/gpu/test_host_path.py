@@ -1,5 +1,6 @@
 """GPU tier: the host path never waits for the GPU. On every launch path (wide, tail split, token groups,
-narrow, batch-invariant), a call queued behind GPU work returns while that work is still running.
+narrow, batch-invariant), over contiguous rows and over the engines' paged cache, a call queued behind
+GPU work returns while that work is still running.
 
 No wall-clock bound: the sleep kernel ahead of the call runs far longer than any host path, and an
 event recorded right after it tells whether it had ended when the call returned."""
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_mla import launch
-from sparse_mla.testing import PRESETS, make_inputs, realistic_indices
+from sparse_mla import launch, sparse_mla_q8kv8_paged_prefill_fwd
+from sparse_mla.testing import (PRESETS, make_inputs, paged_indices, quantize_paged_cache, realistic_indices,
+                                shuffled_block_table)
 
 pytestmark = pytest.mark.gpu
 
@@ -28,10 +30,22 @@ PATHS = [
 ]
 
 
+def paged_twin(inputs: dict) -> dict:
+    """The call over the engines' paged cache holding kv's values (64-row blocks, shuffled)."""
+    s_kv = inputs["kv"].shape[0]
+    table = shuffled_block_table(s_kv, 64, seed=0).cuda()
+    blocks = 2 * -(-s_kv // 64)
+    cache = quantize_paged_cache(inputs["kv"][:, 0].float() * inputs["kv_scale"], 64, block_table=table,
+                                 num_blocks=blocks)
+    paged = {name: value for name, value in inputs.items() if name not in ("kv", "kv_scale", "indices")}
+    return dict(paged, kv_cache=cache, indices=paged_indices(inputs["indices"], table, 64, s_kv, blocks))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("path, launches, s_q, s_kv, h_q, batch_invariant, token_groups", PATHS,
                          ids=[p[0] for p in PATHS])
 def test_a_call_queued_behind_gpu_work_returns_before_that_work_ends(
-    prefill_fwd, monkeypatch, path, launches, s_q, s_kv, h_q, batch_invariant, token_groups
+    prefill_fwd, monkeypatch, path, launches, s_q, s_kv, h_q, batch_invariant, token_groups, layout
 ):
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", token_groups)
     num_sms = launch.num_sms(torch.cuda.current_device())
@@ -39,13 +53,16 @@ def test_a_call_queued_behind_gpu_work_returns_before_that_work_ends(
     assert (plan.entry, plan.tiles) == launches, f"{path}: this GPU ({num_sms} SMs) plans {plan}"
     inputs = make_inputs(s_q, s_kv, h_q, D_QK, TOPK, seed=0)
     inputs["indices"] = realistic_indices(s_q, s_kv, TOPK, **PRESETS["realistic-glm"], seed=0)
-    expected = prefill_fwd(**inputs, batch_invariant=batch_invariant)  # loads the kernel, plans the shape
+    call = prefill_fwd
+    if layout == "paged":  # the same plan, through the module's paged entries
+        call, inputs = sparse_mla_q8kv8_paged_prefill_fwd, paged_twin(inputs)
+    expected = call(**inputs, batch_invariant=batch_invariant)  # loads the kernel, plans the shape
     torch.cuda.synchronize()
 
     torch.cuda._sleep(SLEEP_CYCLES)
     slept = torch.cuda.Event()
     slept.record()
-    got = prefill_fwd(**inputs, batch_invariant=batch_invariant)
+    got = call(**inputs, batch_invariant=batch_invariant)
     still_sleeping = not slept.query()
     torch.cuda.synchronize()
     assert still_sleeping, f"{path}: the call returned only after the GPU work queued ahead of it had ended"
