@@ -9,6 +9,8 @@ as the median of ``--reps`` calls:
 - queued: the wall clock of one call queued behind ``--queued-ms`` of GPU work (``torch.cuda._sleep``),
   and in how many of those calls that work was still running when the call returned: a call that
   waits for the GPU reads about the queued work's length here, and 0 in that column;
+- paged: the same two for sparse_mla_q8kv8_paged_prefill_fwd over the engines' paged cache holding the
+  same rows (`sparse_mla.testing.as_paged_call`), outputs preallocated;
 - with ``--incumbent``: the same two for the incumbent's tvm-ffi entry called directly (q padded to 64
   heads where it has fewer, as serving engines pad to call it).
 
@@ -28,8 +30,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from sparse_mla import sparse_mla_q8kv8_prefill_fwd
-from sparse_mla.testing import PRESETS, make_inputs, poisoned_outputs, realistic_indices
+from sparse_mla import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd
+from sparse_mla.testing import PRESETS, as_paged_call, make_inputs, poisoned_outputs, realistic_indices
 
 D_QK, TOPK, D_V = 576, 2048, 512
 INCUMBENT_HEADS = 64  # the incumbent takes multiples of 64 heads
@@ -132,6 +134,10 @@ def measure(row: Row, reps: int, queued_cycles: int, dispatch) -> dict:
     result["ours_preallocated"] = host_times(
         lambda: sparse_mla_q8kv8_prefill_fwd(**inputs, **outputs, batch_invariant=row.batch_invariant), reps,
         queued_cycles)
+    paged, paged_outputs = as_paged_call(inputs), poisoned_outputs(row.s_q, row.h_q, D_V)
+    result["paged_preallocated"] = host_times(
+        lambda: sparse_mla_q8kv8_paged_prefill_fwd(**paged, **paged_outputs, batch_invariant=row.batch_invariant),
+        reps, queued_cycles)
     if dispatch is not None:
         result["incumbent"] = host_times(incumbent_call(dispatch, inputs, row.s_kv), reps, queued_cycles)
     del os.environ["SPARSE_MLA_TOKEN_GROUPS"]
@@ -157,7 +163,7 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()}: host us per call, median of {args.reps}; queued: behind "
           f"{args.queued_ms:g} ms of GPU work, 'early': share of those calls that returned before it ended")
-    columns = ("ours", "ours_preallocated") + (("incumbent",) if dispatch is not None else ())
+    columns = ("ours", "ours_preallocated", "paged_preallocated") + (("incumbent",) if dispatch is not None else ())
     print(f"{'path':<24}{'s_q':>6}{'s_kv':>8}{'h_q':>5}" + "".join(f"{c + ' idle/queued/early':>36}" for c in columns))
     for r in results:
         cells = "".join(f"{r[c]['idle_us']:>16.1f}{r[c]['queued_us']:>12.1f}{r[c]['returned_before_work_ended']:>8.2f}"

@@ -15,6 +15,7 @@ from sparse_mla.testing import (
     FP8_E4M3_MAX,
     HOSTILE_INDICES,
     PAGED_ROW_BYTES,
+    as_paged_call,
     as_read_inputs,
     assert_close_to_reference,
     dequantize_paged_cache,
@@ -352,3 +353,24 @@ def test_the_rule_over_the_keys_the_kernel_reads_sees_the_requantization():
     with pytest.raises(AssertionError):
         assert_close_to_reference(exact[0].to(torch.bfloat16), exact[1], exact[2], ref, model=model, lse_tol=None,
                                   max_logits_tol=None)
+
+
+def test_a_contiguous_call_as_a_paged_one_reads_the_same_rows():
+    """as_paged_call: every valid slot names, through the block table, a paged row holding its kv row's
+    values (up to the cache's own rounding); every invalid slot stays invalid; the blocks lie
+    block_stride_pad rows apart."""
+    a = make_inputs(8, 1000, 16, 576, 256, seed=2, device="cpu", invalid="hostile", kv_strided=True,
+                    attn_sink="special", topk_length="random")
+    paged = as_paged_call(a, 64, block_stride_pad=1, seed=3)
+    cache = paged["kv_cache"]
+    assert cache.stride(0) == 65 * PAGED_ROW_BYTES and cache.shape[1] == 64
+    assert {k: v for k, v in paged.items() if k not in ("kv_cache", "indices")}.keys() == a.keys() - {"kv", "kv_scale", "indices"}
+    valid = (a["indices"] >= 0) & (a["indices"] < 1000)
+    rows = cache.shape[0] * cache.shape[1]
+    assert ((paged["indices"] >= 0) & (paged["indices"] < rows)).eq(valid).all()
+    keys = dequantize_paged_cache(cache)
+    expected = a["kv"][:, 0].double() * a["kv_scale"].double()
+    got = keys[paged["indices"][valid].long()]
+    want = expected[a["indices"][valid].long()]
+    scale = want.abs().amax(dim=1, keepdim=True)
+    assert ((got - want).abs() <= 2.0**-4 * want.abs() + 2.0**-9 * scale).all()

@@ -44,15 +44,13 @@ from sparse_mla.launch import group_size
 from sparse_mla.testing import (
     INT32_MAX,
     INT32_MIN,
+    as_paged_call,
     as_read_inputs,
     assert_close_to_reference,
     error_model,
     make_inputs,
-    paged_indices,
     poisoned_outputs,
-    quantize_paged_cache,
     reference_prefill,
-    shuffled_block_table,
     with_duplicated_groups,
     with_shared_neighbours,
 )
@@ -145,21 +143,8 @@ def paged_cases(seed: int):
     sources = [small_cases(seed), pipeline_cases(seed), narrow_cases(seed)]
     first_groups = next(groups_cases(seed))
     for name, inputs in (case for source in sources for case in source):
-        yield f"paged {name}", to_paged(inputs, seed)
-    yield f"paged {first_groups[0]}", to_paged(first_groups[1], seed)
-
-
-def to_paged(inputs: dict, seed: int) -> dict:
-    s_kv, _, d_qk = inputs["kv"].shape
-    latent = inputs["kv"][:, 0].float() * inputs["kv_scale"]
-    table = shuffled_block_table(s_kv, PAGE, seed=seed).cuda()
-    blocks = 2 * -(-s_kv // PAGE)
-    cache = quantize_paged_cache(latent, PAGE, block_table=table, num_blocks=blocks)
-    spaced = torch.zeros(blocks, PAGE + 1, 1, 656, dtype=torch.uint8, device="cuda")
-    spaced[:, :PAGE] = cache
-    return dict(q=inputs["q"], kv_cache=spaced[:, :PAGE], indices=paged_indices(inputs["indices"], table, PAGE, s_kv, blocks),
-                sm_scale=inputs["sm_scale"], q_scale=inputs["q_scale"], d_v=inputs["d_v"], attn_sink=inputs["attn_sink"],
-                topk_length=inputs["topk_length"])
+        yield f"paged {name}", as_paged_call(inputs, PAGE, block_stride_pad=1, seed=seed)
+    yield f"paged {first_groups[0]}", as_paged_call(first_groups[1], PAGE, block_stride_pad=1, seed=seed)
 
 
 def check_paged(result, args: dict, context: str) -> None:

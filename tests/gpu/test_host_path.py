@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from sparse_mla import launch, sparse_mla_q8kv8_paged_prefill_fwd
-from sparse_mla.testing import (PRESETS, make_inputs, paged_indices, quantize_paged_cache, realistic_indices,
-                                shuffled_block_table)
+from sparse_mla.testing import PRESETS, as_paged_call, make_inputs, realistic_indices
 
 pytestmark = pytest.mark.gpu
 
@@ -30,17 +29,6 @@ PATHS = [
 ]
 
 
-def paged_twin(inputs: dict) -> dict:
-    """The call over the engines' paged cache holding kv's values (64-row blocks, shuffled)."""
-    s_kv = inputs["kv"].shape[0]
-    table = shuffled_block_table(s_kv, 64, seed=0).cuda()
-    blocks = 2 * -(-s_kv // 64)
-    cache = quantize_paged_cache(inputs["kv"][:, 0].float() * inputs["kv_scale"], 64, block_table=table,
-                                 num_blocks=blocks)
-    paged = {name: value for name, value in inputs.items() if name not in ("kv", "kv_scale", "indices")}
-    return dict(paged, kv_cache=cache, indices=paged_indices(inputs["indices"], table, 64, s_kv, blocks))
-
-
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("path, launches, s_q, s_kv, h_q, batch_invariant, token_groups", PATHS,
                          ids=[p[0] for p in PATHS])
@@ -55,7 +43,7 @@ def test_a_call_queued_behind_gpu_work_returns_before_that_work_ends(
     inputs["indices"] = realistic_indices(s_q, s_kv, TOPK, **PRESETS["realistic-glm"], seed=0)
     call = prefill_fwd
     if layout == "paged":  # the same plan, through the module's paged entries
-        call, inputs = sparse_mla_q8kv8_paged_prefill_fwd, paged_twin(inputs)
+        call, inputs = sparse_mla_q8kv8_paged_prefill_fwd, as_paged_call(inputs)
     expected = call(**inputs, batch_invariant=batch_invariant)  # loads the kernel, plans the shape
     torch.cuda.synchronize()
 

@@ -55,6 +55,7 @@ from sparse_mla.testing.numerics import (
 )
 from sparse_mla.testing.paged_cache import (
     PAGED_ROW_BYTES,
+    as_paged_call,
     as_read_inputs,
     dequantize_paged_cache,
     engine_requantized_kv,
@@ -82,6 +83,7 @@ __all__ = [
     "ErrorModel",
     "PrefillArgs",
     "IndexOverlap",
+    "as_paged_call",
     "as_read_inputs",
     "assert_close_to_reference",
     "default_out_tolerance",

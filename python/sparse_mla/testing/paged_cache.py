@@ -42,6 +42,7 @@ from sparse_mla.testing.reference import reference_prefill
 
 __all__ = [
     "PAGED_ROW_BYTES",
+    "as_paged_call",
     "as_read_inputs",
     "dequantize_paged_cache",
     "engine_requantized_kv",
@@ -173,6 +174,27 @@ def paged_indices(indices: torch.Tensor, block_table: torch.Tensor, block_size: 
     in_cache = (wide >= 0) & (wide < num_blocks * block_size)
     invalid = torch.where(in_cache, -1, wide)
     return torch.where(valid, mapped, invalid).to(indices.dtype)
+
+
+def as_paged_call(inputs: dict, block_size: int = 64, *, block_stride_pad: int = 0, seed: int = 0) -> dict:
+    """A contiguous call's arguments (`make_inputs`' keywords) as the same call over the engines' paged
+    cache: kv's values (times kv_scale) written as 656-byte rows into shuffled blocks of ``block_size``
+    rows (`shuffled_block_table`, twice the blocks they need), blocks ``block_stride_pad`` rows further
+    apart than their rows, and the indices mapped to them (values outside the rows kept). Keywords of
+    sparse_mla_q8kv8_paged_prefill_fwd."""
+    kv = inputs["kv"]
+    s_kv, device = kv.shape[0], kv.device
+    table = shuffled_block_table(s_kv, block_size, seed=seed).to(device)
+    blocks = 2 * -(-s_kv // block_size)
+    cache = quantize_paged_cache(kv[:, 0].float() * inputs["kv_scale"], block_size, block_table=table,
+                                 num_blocks=blocks)
+    if block_stride_pad:
+        spaced = torch.zeros(blocks, block_size + block_stride_pad, 1, PAGED_ROW_BYTES, dtype=torch.uint8,
+                             device=device)
+        spaced[:, :block_size] = cache
+        cache = spaced[:, :block_size]
+    others = {name: value for name, value in inputs.items() if name not in ("kv", "kv_scale", "indices")}
+    return dict(others, kv_cache=cache, indices=paged_indices(inputs["indices"], table, block_size, s_kv, blocks))
 
 
 def reference_prefill_paged(
