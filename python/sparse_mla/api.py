@@ -103,11 +103,7 @@ def sparse_mla_q8kv8_prefill_fwd(
         return out, max_logits, lse
     args = PrefillArgs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse,
                        float(sm_scale), batch_invariant)
-    if preallocated is None:
-        check_row_alignment(q, kv)
-    else:
-        check_pointers(_named_inputs(args), preallocated)
-    launch(args)
+    _check_pointers_and_launch(args, preallocated)
     return out, max_logits, lse
 
 
@@ -138,6 +134,16 @@ def _outputs(q: torch.Tensor, d_v: int, out: Optional[torch.Tensor], max_logits:
     return preallocated, out, max_logits, lse
 
 
+def _check_pointers_and_launch(args: PrefillArgs, preallocated: Optional[dict]) -> None:
+    """The checks that need real tensors (row alignment; the caller's outputs against the inputs and each
+    other, where it passed any), then the launch."""
+    if preallocated is None:
+        check_row_alignment(args.q, args.kv, "kv" if args.kv_scale is not None else "kv_cache")
+    else:
+        check_pointers(_named_inputs(args), preallocated)
+    launch(args)
+
+
 _INPUTS = ("q", "kv", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")
 _PAGED_INPUTS = ("q", "kv_cache", "indices", "q_scale", "kv_scale", "attn_sink", "topk_length")  # kv_scale None
 _OUTPUTS = ("out", "max_logits", "lse")
@@ -165,8 +171,7 @@ def _prefill_op(
     """The launch as a torch custom op, for torch.compile (arguments already validated)."""
     args = PrefillArgs(q, kv, indices, q_scale, kv_scale, attn_sink, topk_length, out, max_logits, lse, sm_scale,
                        batch_invariant)
-    check_pointers(_named_inputs(args), dict(zip(_OUTPUTS, args[7:10])))
-    launch(args)
+    _check_pointers_and_launch(args, dict(zip(_OUTPUTS, args[7:10])))
 
 
 @_prefill_op.register_fake
@@ -222,8 +227,7 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
         return out, max_logits, lse
     args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse,
                        float(sm_scale), batch_invariant)
-    check_pointers(_named_inputs(args), preallocated or {})
-    launch(args)
+    _check_pointers_and_launch(args, preallocated)
     return out, max_logits, lse
 
 
@@ -244,8 +248,7 @@ def _paged_prefill_op(
     """The paged launch as a torch custom op, for torch.compile (arguments already validated)."""
     args = PrefillArgs(q, kv_cache, indices, q_scale, None, attn_sink, topk_length, out, max_logits, lse, sm_scale,
                        batch_invariant)
-    check_pointers(_named_inputs(args), dict(zip(_OUTPUTS, args[7:10])))
-    launch(args)
+    _check_pointers_and_launch(args, dict(zip(_OUTPUTS, args[7:10])))
 
 
 @_paged_prefill_op.register_fake

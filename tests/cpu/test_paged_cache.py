@@ -341,10 +341,7 @@ def test_the_rule_over_the_keys_the_kernel_reads_sees_the_requantization():
     exact values, which the requantization moves, does not (tiles of one scale: spread 2^0)."""
     a = make_inputs(16, 256, 20, 576, 64, seed=1, device="cpu", invalid="hostile", all_invalid_rows=3,
                     nan_kv_rows=True, topk_length="random", attn_sink="special")
-    table = shuffled_block_table(256, 64, seed=1)
-    cache = quantize_paged_cache(a["kv"][:, 0].float() * a["kv_scale"], 64, block_table=table, num_blocks=8)
-    args = dict(q=a["q"], kv_cache=cache, indices=paged_indices(a["indices"], table, 64, 256, 8), sm_scale=a["sm_scale"],
-                q_scale=a["q_scale"], attn_sink=a["attn_sink"], topk_length=a["topk_length"])
+    args = as_paged_call(a, 64, seed=1)
     inputs = as_read_inputs(**args)
     ref, model = reference_prefill(**inputs), error_model(**inputs)
     assert_close_to_reference(ref[0].to(torch.bfloat16), ref[1], ref[2], ref, model=model, lse_tol=None,

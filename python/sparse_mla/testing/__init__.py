@@ -10,10 +10,12 @@
 - `quantize_fp8`, `make_inputs`, `random_indices`: random FP8 inputs, with every corner of the domain;
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `quantize_paged_cache`, `dequantize_paged_cache`, `random_latent`, `shuffled_block_table`,
-  `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`, `requantized_rows`: the serving
-  engines' 656-byte FP8 paged cache (format, writer, exact reader, scattered blocks), the float64
-  reference over it, the engines' gather-dequantize-requantize-to-scale-1.0 path, and the paged
-  kernel's own requantization of each row to one scale.
+  `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`, `requantized_rows`,
+  `requantized_keys`: the serving engines' 656-byte FP8 paged cache (format, writer, exact reader,
+  scattered blocks), the float64 reference over it, the engines' gather-dequantize-requantize-to-scale-1.0
+  path, and the paged kernel's own requantization of each row to one scale (the keys it reads).
+- `as_paged_call`, `as_read_inputs`: a contiguous call as the same call over a paged cache, and a paged
+  call as the contiguous keywords over the keys the kernel reads (for the acceptance rule).
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
 - `median_time_ms`, `prefill_flops`: the benchmark protocol (L2 flushed, CUDA events, median).
 - `missing_sm90_gpu`: why the kernel cannot run in this process, for scripts that skip without a GPU.
