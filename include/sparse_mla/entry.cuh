@@ -586,20 +586,17 @@ void prefill_paged_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv_cache,
 
 namespace detail {
 
-// The converting route's scratch (sm90/prefill/convert.cuh): the call scale's bits and the marked
-// words' count (in 16 bytes), the marks (one uint64 per 64 cache rows), then (int32) the marked words'
-// list, each mark word's offset and each count block's count. The first two pieces are zeroed.
+// The converting route's scratch (sm90/prefill/convert.cuh): the call scale's bits (16 bytes), the
+// marks (one uint64 per 64 cache rows), each mark word's offset and each count block's count (int32).
 struct ConvertLayout {
-  int64_t marks_at, zeroed_bytes, list_at, offsets_at, counts_at, bytes;
+  int64_t marks_at, offsets_at, counts_at, bytes;
 };
 
 inline ConvertLayout convert_layout(int64_t rows) {
   const int64_t words = sm90::prefill::mark_words(rows);
   ConvertLayout layout;
   layout.marks_at = 16;
-  layout.zeroed_bytes = layout.marks_at + words * 8;
-  layout.list_at = align16(layout.zeroed_bytes);
-  layout.offsets_at = align16(layout.list_at + words * 4);
+  layout.offsets_at = align16(layout.marks_at + words * 8);
   layout.counts_at = align16(layout.offsets_at + words * 4);
   layout.bytes = layout.counts_at + sm90::prefill::count_blocks(rows) * 4;
   return layout;
@@ -651,16 +648,14 @@ void prefill_paged_convert_fwd(ffi::TensorView kv_cache, ffi::TensorView indices
   p.rows = static_cast<int>(rows);
   p.marks = reinterpret_cast<uint64_t*>(base + layout.marks_at);
   p.scale_bits = reinterpret_cast<uint32_t*>(base);
-  p.marked_count = reinterpret_cast<int32_t*>(base + 4);
-  p.marked_words = reinterpret_cast<int32_t*>(base + layout.list_at);
   p.word_offsets = reinterpret_cast<int32_t*>(base + layout.offsets_at);
   p.block_counts = reinterpret_cast<int32_t*>(base + layout.counts_at);
   p.kv_scale = detail::data_of<float>(kv_scale);
   p.converted_indices = detail::data_of<int32_t>(converted_indices);
   p.converted = detail::data_of<uint8_t>(converted_kv);
   p.capacity = static_cast<int>(converted_kv.size(0));
-  p.zeroed = base;
-  p.zeroed_bytes = layout.zeroed_bytes;
+  p.zeroed = base;  // the scale's bits, then the marks
+  p.zeroed_bytes = layout.offsets_at;
   ffi::CUDADeviceGuard device_guard(device.device_id);
   detail::check_launch(sm90::prefill::launch_convert<D_QK, TOPK>(p, detail::current_stream(device)), "convert kernel");
 }

@@ -208,16 +208,10 @@ def sparse_mla_q8kv8_paged_prefill_fwd(
         q, sm_scale, q_scale, d_v, attn_sink, topk_length, out, max_logits, lse, batch_invariant: as
             :func:`sparse_mla_q8kv8_prefill_fwd` (there is no kv_scale: each row carries its scales).
 
-    Routes and numerics: in the default mode, a call whose workspace fits converts each cache row its
-    valid slots name once, to e4m3 at one scale for the call (the largest row scale among those rows; a
-    row scale is the row's largest tile scale, or its rope's amax / 448 if larger), then runs the
-    contiguous kernel over them. The workspace (``sparse_mla.launch.converted_rows``: min(cache rows,
-    s_q * topk) rows of d_qk bytes, at most 2^20, plus 4 bytes a slot of indices) comes from torch's
-    caching allocator on the current stream. Otherwise (a larger call, the batch-invariant mode, or
-    ``SPARSE_MLA_PAGED_CONVERT=never``) the kernel requantizes each row it gathers to that row's own
-    scale and applies the scale to the row's logit and its share of ``out`` exactly. Either way the
-    tiles at the scale used keep their bytes and every other value (rope included) is rounded once
-    more to e4m3 (relative error at most 2^-4; values below 2^-10 of the scale read as zero). The
+    Numerics: the kernel requantizes each gathered row to one scale, its largest tile scale (or its rope's
+    amax / 448 if larger), and applies that scale to the row's logit and its share of ``out`` exactly:
+    the tiles at that scale keep their bytes, every other value (rope included) is rounded once more
+    to e4m3 (relative error at most 2^-4, values below 2^-10 of the row's largest flush to zero). The
     serving engines' path (dequantize, requantize at scale 1.0, then the contiguous kernel) rounds every
     value a second time. The launches (tiles, tail split, token groups) are the contiguous call's.
     """

@@ -268,11 +268,9 @@ def converted_rows(cache_rows: int, s_q: int, topk: int, batch_invariant: bool) 
 
 def convert_scratch_bytes(cache_rows: int) -> int:
     """The converting route's scratch besides its workspace (entry.cuh, convert_layout): 16 bytes, one
-    uint64 mark and two int32 (the marked words' list, each word's offset) per 64 cache rows, one int32
-    count per 2^18 cache rows, each piece from a 16-byte boundary."""
+    uint64 mark and one int32 offset per 64 cache rows, one int32 count per 2^18 cache rows."""
     words = (cache_rows + 63) // 64
-    list_at = (16 + words * 8 + 15) // 16 * 16
-    offsets_at = (list_at + words * 4 + 15) // 16 * 16
+    offsets_at = (16 + words * 8 + 15) // 16 * 16
     counts_at = (offsets_at + words * 4 + 15) // 16 * 16
     return counts_at + 4 * ((words + _WORDS_PER_COUNT_BLOCK - 1) // _WORDS_PER_COUNT_BLOCK)
 

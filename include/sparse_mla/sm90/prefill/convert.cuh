@@ -6,21 +6,19 @@
 // contiguous kernel over the result costs less. Three launches do it, none synchronizing the host:
 //
 //   1. mark: one bit per cache row of every row some valid slot names (the marks, zeroed ahead of
-//      it); the slot whose bit flip wins (atomicOr) reads that row's scale, and the call's scale S
-//      becomes the largest of those (an atomicMax of the float's bits: non-negative floats order as
-//      their bits).
+//      it); the slot whose bit flip wins (atomicOr) reads that row's scale, and the call's
+//      scale S becomes the largest of those (an atomicMax of the float's bits: non-negative floats
+//      order as their bits).
 //   2. count: per block of WORDS_PER_COUNT_BLOCK mark words, each word's offset within its block and
-//      the block's count of marked rows; and a list of the words with a mark (a serving engine's cache
-//      has millions of rows, of which a call names a few thousand: the conversion walks only these).
-//   3. convert: each marked row r (one thread a row of the marked words) becomes row `slot(r)` (its
-//      rank among the marked rows, so in increasing order) of the converted rows, e4m3 at the one
-//      scale S; each slot of the call's indices becomes slot(index), -1 where invalid. S is written
-//      for the contiguous kernel's kv_scale.
+//      the block's count of marked rows.
+//   3. convert: each marked row r, in increasing order, becomes row `slot(r)` (its rank among the
+//      marked rows) of the converted rows, e4m3 at the one scale S; each slot of the call's indices
+//      becomes slot(index), -1 where invalid. S is written for the contiguous kernel's kv_scale.
 //
 // The contiguous kernel then reads those rows, `capacity` of them (the caller sizes them for every
 // distinct row the call can name: min(cache rows, s_q * TOPK)). The result is bitwise the same on
 // every launch: the marks, the ranks and S are functions of the call's rows, not of the order in
-// which threads ran (the marked words' list is not, but only says which rows to convert).
+// which threads ran.
 //
 // Numerics: one scale per call, S = the largest row scale of the rows it reads (a row scale is
 // requantize_row's sigma: its largest tile scale, or its rope's amax / 448 if larger), never below
@@ -52,9 +50,7 @@ struct ConvertParams {
   int rows;                    // cache rows: blocks * block_size
   uint64_t* marks;             // [mark_words(rows)]
   uint32_t* scale_bits;        // [1]: the largest finite row scale's bits
-  int32_t* marked_count;       // [1]: words with a mark
-  int32_t* marked_words;       // [mark_words(rows)]: those words, in any order
-  void* zeroed;                // the bytes holding marks, scale_bits and marked_count, zeroed ahead of the mark launch
+  void* zeroed;                // the bytes holding marks and scale_bits, zeroed ahead of the mark launch
   int64_t zeroed_bytes;
   int32_t* word_offsets;       // [mark_words(rows)]: marked rows before the word, within its count block
   int32_t* block_counts;       // [count_blocks(rows)]: marked rows of each count block
@@ -166,10 +162,8 @@ __global__ void __launch_bounds__(CONVERT_THREADS) prefill_kernel_convert_count(
 #pragma unroll
   for (int i = 0; i < WORDS_PER_THREAD; ++i) {
     if (first + i < words) {
-      const int n = __popcll(p.marks[first + i]);
       p.word_offsets[first + i] = offset;
-      offset += n;
-      if (n > 0) p.marked_words[atomicAdd(p.marked_count, 1)] = static_cast<int32_t>(first + i);
+      offset += __popcll(p.marks[first + i]);
     }
   }
   if (threadIdx.x == 0) p.block_counts[blockIdx.x] = total;
@@ -241,12 +235,10 @@ __global__ void __launch_bounds__(CONVERT_THREADS) prefill_kernel_convert_rows(c
   };
   const int64_t stride = static_cast<int64_t>(gridDim.x) * CONVERT_THREADS;
   const int64_t first = blockIdx.x * static_cast<int64_t>(CONVERT_THREADS) + threadIdx.x;
-  const int64_t candidates = 64 * static_cast<int64_t>(*p.marked_count);  // the marked words' rows
-  for (int64_t c = first; c < candidates; c += stride) {
-    const int word = p.marked_words[c >> 6], bit = static_cast<int>(c & 63);
-    const uint64_t mark = p.marks[word];
-    if (!((mark >> bit) & 1)) continue;
-    const int row = 64 * word + bit;
+  for (int64_t r = first; r < p.rows; r += stride) {
+    const int row = static_cast<int>(r);
+    const uint64_t mark = p.marks[row >> 6];
+    if (!((mark >> (row & 63)) & 1)) continue;
     const int at = rank(row, mark);
     if (at < p.capacity) convert_row<D_QK>(paged_row(p, row), p.converted + static_cast<int64_t>(at) * D_QK, scale, inv);
   }
