@@ -12,9 +12,7 @@ flushed before each, the calls interleaved (`interleaved_median_ms`):
   written over a device-to-device copy of 256K rows, measured once per run);
 - ours, incumbent: the contiguous kernels alone on the pass's output (the incumbent on q padded to
   64 heads);
-- (a) sparse_mla_q8kv8_paged_prefill_fwd on the cache as it is (no pass), on the route it picks (its rows
-  converted once where they fit the workspace, sparse_mla.launch.converted_rows); "visit": the same call
-  converting every row per visit in the kernel (SPARSE_MLA_PAGED_CONVERT=never);
+- (a) sparse_mla_q8kv8_paged_prefill_fwd on the cache as it is (no pass);
 - (b) pass + ours, (c) pass + incumbent: the step as an engine runs it with either kernel;
 - err (a), err (b): (a), and ours on the pass's output (the engines' path: nope values rounded twice,
   rope once), against the float64 reference over the dequantized cache, for the first request's first
@@ -28,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import sys
 
@@ -102,15 +99,8 @@ def measure(batch: Batch, s_q: int, h_q: int, dispatch, iters: int, seed: int) -
     def paged():
         sparse_mla_q8kv8_paged_prefill_fwd(q, batch.cache, paged_indices, sm_scale, q_scale, **paged_outputs)
 
-    def per_visit():
-        os.environ["SPARSE_MLA_PAGED_CONVERT"] = "never"
-        try:
-            paged()
-        finally:
-            del os.environ["SPARSE_MLA_PAGED_CONVERT"]
-
     calls = {"pass": lambda: engine_pass(batch.cache, batch.rows, TOPK), "ours": lambda: ours(kv),
-             "(b)": lambda: ours(engine_pass(batch.cache, batch.rows, TOPK)), "(a)": paged, "visit": per_visit}
+             "(b)": lambda: ours(engine_pass(batch.cache, batch.rows, TOPK)), "(a)": paged}
     if dispatch is not None:
         inputs = dict(q=q, kv=kv, indices=buffer_indices, q_scale=q_scale, kv_scale=kv_scale, d_v=512,
                       sm_scale=sm_scale)
@@ -136,7 +126,7 @@ def format_table(rows: list[dict], copy_gbs: float) -> str:
     side = "incumbent_ms" in rows[0]
     head = (f"{'req':>3} {'context':>7} {'s_q':>5} {'h_q':>4} | {'pass us':>8} {'/64K':>6} {'of copy':>7} | {'ours':>8} {'(b)':>8}"
             + (f" | {'incumbent':>9} {'(c)':>8}" if side else "")
-            + f" | {'pass/(b)':>8} | {'(a)':>8} {'(b)/(a)':>7} {'saved':>6} {'visit':>8} | {'err (a)':>8} {'err (b)':>8}")
+            + f" | {'pass/(b)':>8} | {'(a)':>8} {'(b)/(a)':>7} {'saved':>6} | {'err (a)':>8} {'err (b)':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         line = (f"{r['requests']:>3} {r['context']:>7} {r['s_q']:>5} {r['h_q']:>4} | {r['pass_ms'] * 1e3:>8.1f} "
@@ -146,8 +136,7 @@ def format_table(rows: list[dict], copy_gbs: float) -> str:
             line += f" | {r['incumbent_ms'] * 1e3:>9.1f} {r['(c)_ms'] * 1e3:>8.1f}"
         saved = (r['(b)_ms'] - r['(a)_ms']) / r['pass_ms']  # of the pass's time
         line += (f" | {r['pass_ms'] / r['(b)_ms']:>8.2f} | {r['(a)_ms'] * 1e3:>8.1f} {r['(b)_ms'] / r['(a)_ms']:>7.2f}"
-                 f" {saved:>6.2f} {r['visit_ms'] * 1e3:>8.1f} | {r['paged_out_rel_err']:>8.2e}"
-                 f" {r['engine_path_out_rel_err']:>8.2e}")
+                 f" {saved:>6.2f} | {r['paged_out_rel_err']:>8.2e} {r['engine_path_out_rel_err']:>8.2e}")
         lines.append(line)
     return "\n".join(lines)
 

@@ -22,7 +22,6 @@
 #include <tvm/ffi/optional.h>
 
 #include <sparse_mla/params.cuh>
-#include <sparse_mla/sm90/prefill/convert.cuh>
 #include <sparse_mla/sm90/prefill/launch.cuh>
 #include <sparse_mla/sm90/prefill/token_groups/launch.cuh>
 
@@ -319,11 +318,17 @@ PrefillParams prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv
   return params;
 }
 
-// The engines' paged cache (sm90/prefill/gather.cuh, PagedRows) on `device`: kv_cache
+// call_params of a call over the engines' paged cache (sm90/prefill/gather.cuh, PagedRows): kv_cache
 // [num_blocks, block_size, 1, 656] of any 1-byte dtype, each block's rows contiguous, blocks at a
 // stride of whole 16-byte units (the producer copies 16-byte chunks), starting at a 16-byte boundary.
-inline void check_paged_cache(const ffi::TensorView& kv_cache, const DLDevice& device) {
-  constexpr int kRowBytes = sm90::prefill::PagedRows<D_V>::ROW_BYTES;
+template <int D_QK, int TOPK>
+PrefillParams paged_prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv_cache,
+                                   const ffi::TensorView& indices, const ffi::TensorView& q_scale,
+                                   const ffi::Optional<ffi::TensorView>& attn_sink,
+                                   const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
+                                   const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
+  constexpr int kRowBytes = sm90::prefill::PagedRows<D_QK>::ROW_BYTES;
+  const DLDevice device = checked_q_device<D_QK>(q);
   if (kv_cache.device().device_type != kDLCUDA || kv_cache.device().device_id != device.device_id) {
     TVM_FFI_THROW(ValueError) << "kv_cache must be on q's device cuda:" << device.device_id;
   }
@@ -340,22 +345,10 @@ inline void check_paged_cache(const ffi::TensorView& kv_cache, const DLDevice& d
   if (reinterpret_cast<uintptr_t>(data_of<char>(kv_cache)) % 16 != 0 || (num_blocks > 1 && kv_cache.stride(0) % 16 != 0)) {
     TVM_FFI_THROW(ValueError) << "kv_cache must start at a 16-byte boundary with a block stride that is a multiple of 16";
   }
-}
-
-// call_params of a call over the engines' paged cache (check_paged_cache).
-template <int D_QK, int TOPK>
-PrefillParams paged_prefill_params(const ffi::TensorView& q, const ffi::TensorView& kv_cache,
-                                   const ffi::TensorView& indices, const ffi::TensorView& q_scale,
-                                   const ffi::Optional<ffi::TensorView>& attn_sink,
-                                   const ffi::Optional<ffi::TensorView>& topk_length, const ffi::TensorView& out,
-                                   const ffi::TensorView& max_logits, const ffi::TensorView& lse, double sm_scale) {
-  const DLDevice device = checked_q_device<D_QK>(q);
-  check_paged_cache(kv_cache, device);
-  const int64_t num_blocks = kv_cache.size(0), block_size = kv_cache.size(1);
   PrefillParams params = call_params<D_QK, TOPK>(q, num_blocks * block_size, indices, q_scale, attn_sink, topk_length,
                                                  out, max_logits, lse, sm_scale);
   params.kv = data_of<const fp8_e4m3>(kv_cache);
-  params.kv_stride_s = sm90::prefill::PagedRows<D_QK>::ROW_BYTES;
+  params.kv_stride_s = kRowBytes;
   params.kv_block_size = static_cast<int>(block_size);
   params.kv_block_stride = kv_cache.stride(0);
   return params;
@@ -582,82 +575,6 @@ void prefill_paged_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv_cache,
                                                                         topk_length, out, max_logits, lse, sm_scale);
   detail::launch_token_groups_call<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(
       params, q, indices, topk_length, group_size, max_union_ratio, scratch);
-}
-
-namespace detail {
-
-// The converting route's scratch (sm90/prefill/convert.cuh): the call scale's bits (16 bytes), the
-// marks (one uint64 per 64 cache rows), each mark word's offset and each count block's count (int32).
-struct ConvertLayout {
-  int64_t marks_at, offsets_at, counts_at, bytes;
-};
-
-inline ConvertLayout convert_layout(int64_t rows) {
-  const int64_t words = sm90::prefill::mark_words(rows);
-  ConvertLayout layout;
-  layout.marks_at = 16;
-  layout.offsets_at = align16(layout.marks_at + words * 8);
-  layout.counts_at = align16(layout.offsets_at + words * 4);
-  layout.bytes = layout.counts_at + sm90::prefill::count_blocks(rows) * 4;
-  return layout;
-}
-
-}  // namespace detail
-
-// The paged call's converting route (sm90/prefill/convert.cuh): every row of kv_cache that a valid slot
-// of indices [s_q, 1, TOPK] (topk_length [s_q] or None) names, converted once, in increasing row order,
-// to e4m3 at one scale into converted_kv [capacity, 1, D_QK] (capacity at least min(cache rows,
-// s_q * TOPK)), that scale into kv_scale (one float32), each slot's converted row into
-// converted_indices [s_q, 1, TOPK] (-1 where invalid); `scratch` holds the marks and counts
-// (detail::convert_layout). The contiguous entries then run the call over converted_kv. Launches on the
-// caller's current stream; never synchronizes.
-template <int D_QK, int TOPK>
-void prefill_paged_convert_fwd(ffi::TensorView kv_cache, ffi::TensorView indices,
-                               ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView converted_kv,
-                               ffi::TensorView converted_indices, ffi::TensorView kv_scale, ffi::TensorView scratch) {
-  const DLDevice device = indices.device();
-  if (device.device_type != kDLCUDA) TVM_FFI_THROW(ValueError) << "indices must be a CUDA tensor";
-  detail::check_paged_cache(kv_cache, device);
-  detail::check_selections<TOPK>(indices, topk_length, device, -1);
-  const int64_t s_q = indices.size(0), rows = kv_cache.size(0) * kv_cache.size(1);
-  if (rows > INT32_MAX) {
-    TVM_FFI_THROW(ValueError) << "kv_cache holds " << rows << " rows, more than " << INT32_MAX;
-  }
-  const int64_t needed = rows < s_q * TOPK ? rows : s_q * TOPK;
-  detail::check_tensor(converted_kv, "converted_kv", device, detail::kFloat8E4M3FN, 8, {-1, 1, D_QK});
-  detail::check_contiguous(converted_kv, "converted_kv");
-  if (converted_kv.size(0) < needed || converted_kv.size(0) > INT32_MAX) {
-    TVM_FFI_THROW(ValueError) << "converted_kv holds " << converted_kv.size(0) << " rows; this call needs " << needed;
-  }
-  detail::check_tensor(converted_indices, "converted_indices", device, kDLInt, 32, {s_q, 1, TOPK});
-  detail::check_contiguous(converted_indices, "converted_indices");
-  detail::check_scale(kv_scale, "kv_scale", device);
-  if (reinterpret_cast<uintptr_t>(detail::data_of<char>(converted_kv)) % 16 != 0) {
-    TVM_FFI_THROW(ValueError) << "converted_kv must start at a 16-byte boundary";
-  }
-  const detail::ConvertLayout layout = detail::convert_layout(rows);
-  uint8_t* const base = detail::scratch_of(scratch, layout.bytes, device);
-  if (s_q == 0 || rows == 0) return;
-  sm90::prefill::ConvertParams p{};
-  p.indices = detail::data_of<const int32_t>(indices);
-  p.topk_length = topk_length.has_value() ? detail::data_of<const int32_t>(*topk_length) : nullptr;
-  p.slots = s_q * TOPK;
-  p.cache = detail::data_of<const uint8_t>(kv_cache);
-  p.block_stride = kv_cache.stride(0);
-  p.block_size = static_cast<int>(kv_cache.size(1));
-  p.rows = static_cast<int>(rows);
-  p.marks = reinterpret_cast<uint64_t*>(base + layout.marks_at);
-  p.scale_bits = reinterpret_cast<uint32_t*>(base);
-  p.word_offsets = reinterpret_cast<int32_t*>(base + layout.offsets_at);
-  p.block_counts = reinterpret_cast<int32_t*>(base + layout.counts_at);
-  p.kv_scale = detail::data_of<float>(kv_scale);
-  p.converted_indices = detail::data_of<int32_t>(converted_indices);
-  p.converted = detail::data_of<uint8_t>(converted_kv);
-  p.capacity = static_cast<int>(converted_kv.size(0));
-  p.zeroed = base;  // the scale's bits, then the marks
-  p.zeroed_bytes = layout.offsets_at;
-  ffi::CUDADeviceGuard device_guard(device.device_id);
-  detail::check_launch(sm90::prefill::launch_convert<D_QK, TOPK>(p, detail::current_stream(device)), "convert kernel");
 }
 
 }  // namespace sparse_mla

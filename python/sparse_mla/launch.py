@@ -27,13 +27,12 @@ import torch
 from sparse_mla.args import ENTRY_ARGS, PrefillArgs
 from sparse_mla.errors import UnsupportedGPUError
 from sparse_mla.jit import ENTRY_FUNCTION, KernelKey, env, get_module
-from sparse_mla.jit.key import (GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_CONVERT_FUNCTION,
-                                PAGED_GROUPED_CALL_FUNCTION, PAGED_SPLIT_CALL_FUNCTION, SPLIT_CALL_FUNCTION)
+from sparse_mla.jit.key import (GROUPED_CALL_FUNCTION, PAGED_CALL_FUNCTION, PAGED_GROUPED_CALL_FUNCTION,
+                                PAGED_SPLIT_CALL_FUNCTION, SPLIT_CALL_FUNCTION)
 from sparse_mla.validate import HEAD_BLOCK
 
-__all__ = ["CONVERTED_ROWS_MAX", "SPLIT_PART_FLOATS", "Plan", "convert_scratch_bytes", "converted_rows", "execute",
-           "group_size", "launch", "paged_plan", "plan", "plan_on", "split_plan", "token_group_bytes",
-           "token_group_list_shapes"]
+__all__ = ["SPLIT_PART_FLOATS", "Plan", "execute", "group_size", "launch", "paged_plan", "plan", "plan_on", "split_plan",
+           "token_group_bytes", "token_group_list_shapes"]
 
 
 class _Device(NamedTuple):
@@ -246,79 +245,16 @@ def plan_on(device_index: int, s_q: int, h_q: int, topk: int, batch_invariant: b
     return plan(s_q, h_q, topk, num_sms(check_hopper(device_index)), batch_invariant, token_groups)
 
 
-# A paged call's converting route (include/sparse_mla/sm90/prefill/convert.cuh): every cache row the call
-# names converted once, to e4m3 at one scale, into a workspace of the call's own, then the contiguous
-# call over it. The paged kernel converts a row on every visit instead, on its producer's critical path,
-# so a row that many tokens select costs it many conversions (docs/lab.md, Experiment 139 times both
-# routes). The workspace
-# holds every row the call can name, min(cache rows, s_q * topk) of d_qk bytes (plus 4 bytes a slot of
-# indices), at most CONVERTED_ROWS_MAX rows (576 MiB at d_qk 576); a call that would need more, the
-# batch-invariant mode (the scale is the call's: a row's values would depend on the other rows) and
-# SPARSE_MLA_PAGED_CONVERT=never convert per visit.
-CONVERTED_ROWS_MAX = 1 << 20
-
-
-def converted_rows(cache_rows: int, s_q: int, topk: int, batch_invariant: bool) -> int:
-    """Rows of the converting route's workspace for a paged call, or 0 where the call converts per visit."""
-    rows = min(cache_rows, s_q * topk)
-    if batch_invariant or rows > CONVERTED_ROWS_MAX or env.paged_convert() == "never":
-        return 0
-    return rows
-
-
-def convert_scratch_bytes(cache_rows: int) -> int:
-    """The converting route's scratch besides its workspace (entry.cuh, convert_layout): 16 bytes, one
-    uint64 mark and one int32 offset per 64 cache rows, one int32 count per 2^18 cache rows."""
-    words = (cache_rows + 63) // 64
-    offsets_at = (16 + words * 8 + 15) // 16 * 16
-    counts_at = (offsets_at + words * 4 + 15) // 16 * 16
-    return counts_at + 4 * ((words + _WORDS_PER_COUNT_BLOCK - 1) // _WORDS_PER_COUNT_BLOCK)
-
-
-_WORDS_PER_COUNT_BLOCK = 4096
-
-
 def launch(args: PrefillArgs) -> None:
     """Plans and launches a validated call, writing ``args.out``, ``args.max_logits`` and ``args.lse``; a
-    call over the engines' paged cache (``args.kv`` the cache, ``args.kv_scale`` None) either through
-    the module's paged entries or, converting its rows once (``converted_rows``), through the contiguous
-    ones."""
+    call over the engines' paged cache (``args.kv`` the cache, ``args.kv_scale`` None) through the
+    module's paged entries."""
     s_q, h_q, d_qk = args.q.shape
     if s_q == 0:
         return  # empty outputs, nothing to launch
-    topk = args.indices.shape[2]
-    paged = args.kv_scale is None
-    capacity = converted_rows(args.kv.shape[0] * args.kv.shape[1], s_q, topk, args.batch_invariant) if paged else 0
-    call_plan, function = _planned_entry(args.q.get_device(), d_qk, s_q, h_q, topk, args.batch_invariant,
-                                         env.token_groups(), paged and capacity == 0)
-    if capacity:
-        args = _converted(args, capacity, _convert_entry(d_qk, topk))
+    call_plan, function = _planned_entry(args.q.get_device(), d_qk, s_q, h_q, args.indices.shape[2],
+                                         args.batch_invariant, env.token_groups(), args.kv_scale is None)
     execute(call_plan, function, args)
-
-
-@functools.lru_cache(maxsize=None)
-def _convert_entry(d_qk: int, topk: int) -> Callable[..., None]:
-    """The module's converting entry (its module loaded by the call's plan lookup just before)."""
-    return getattr(get_module(_kernel_key(d_qk, topk)), PAGED_CONVERT_FUNCTION)
-
-
-def _converted(args: PrefillArgs, capacity: int, convert: Callable[..., None]) -> PrefillArgs:
-    """The paged call ``args`` as the contiguous call over its rows, converted once by ``convert`` into one
-    allocation from torch's caching allocator on the current stream: the rows, the call's indices into
-    them, their scale and the conversion's scratch."""
-    s_q, _, d_qk = args.q.shape
-    topk = args.indices.shape[2]
-    rows_bytes = capacity * d_qk
-    indices_at = rows_bytes
-    scale_at = indices_at + (s_q * topk * 4 + 15) // 16 * 16
-    scratch_at = scale_at + 16
-    buffer = args.q.new_empty((scratch_at + convert_scratch_bytes(args.kv.shape[0] * args.kv.shape[1]),),
-                              dtype=torch.uint8)
-    kv = buffer[:rows_bytes].view(torch.float8_e4m3fn).view(capacity, 1, d_qk)
-    indices = buffer[indices_at:indices_at + s_q * topk * 4].view(torch.int32).view(s_q, 1, topk)
-    kv_scale = buffer[scale_at:scale_at + 4].view(torch.float32)
-    convert(args.kv, args.indices, args.topk_length, kv, indices, kv_scale, buffer[scratch_at:])
-    return args._replace(kv=kv, indices=indices, kv_scale=kv_scale)
 
 
 def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) -> None:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_mla import launch
 from sparse_mla.jit import KernelKey, get_module
-from sparse_mla.jit.key import PAGED_CONVERT_FUNCTION, TOKEN_GROUPS_FUNCTION
-from sparse_mla.launch import convert_scratch_bytes, converted_rows, group_size
-from sparse_mla.testing import (PRESETS, as_read_inputs, assert_close_to_reference, call_scale, engine_requantized_kv,
-                                error_model, make_inputs, paged_indices, poisoned_outputs, quantize_paged_cache,
-                                random_latent, realistic_indices, reference_prefill, reference_prefill_paged,
-                                relative_error, requantized_rows, shuffled_block_table, token_group_lists)
+from sparse_mla.jit.key import TOKEN_GROUPS_FUNCTION
+from sparse_mla.launch import group_size
+from sparse_mla.testing import (PRESETS, as_read_inputs, assert_close_to_reference, engine_requantized_kv, error_model,
+                                make_inputs, paged_indices, poisoned_outputs, quantize_paged_cache, random_latent,
+                                realistic_indices, reference_prefill, reference_prefill_paged, relative_error,
+                                shuffled_block_table, token_group_lists)
 
 pytestmark = pytest.mark.gpu
 
@@ -28,21 +27,6 @@ BLOCK = 64
 # The paged path's out error against the dequantized cache's float64 attention, norm-wise over a call:
 # e4m3 Q.K^T, P and the per-row requantization (docs/kernel.md); the engines' path reads 4-10e-2 here.
 PAGED_OUT_TOL = 2.5e-2
-
-
-@pytest.fixture(params=["convert", "per-visit"])
-def route(request, monkeypatch):
-    """The paged call's two routes (sparse_mla.launch.converted_rows): its rows converted once, then the
-    contiguous kernel; or converted per visit in the paged kernel (SPARSE_MLA_PAGED_CONVERT=never)."""
-    if request.param == "per-visit":
-        monkeypatch.setenv("SPARSE_MLA_PAGED_CONVERT", "never")
-    return request.param
-
-
-def assert_route(route, args):
-    rows = args["kv_cache"].shape[0] * args["kv_cache"].shape[1]
-    converting = converted_rows(rows, args["q"].shape[0], args["indices"].shape[-1], False) > 0
-    assert converting == (route == "convert"), route
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +77,14 @@ def assert_matches_reference(got, args, message):
 
 @pytest.mark.parametrize("d_qk, topk", [(576, 2048), (512, 512)])
 @pytest.mark.parametrize("s_q, h_q", [(16, 16), (64, 128), (437, 64), (200, 8), (33, 100)])
-def test_paged_matches_the_dequantized_reference(paged_fwd, seed, route, s_q, h_q, d_qk, topk):
+def test_paged_matches_the_dequantized_reference(paged_fwd, seed, s_q, h_q, d_qk, topk):
     args, _, _ = paged_call(s_q, 4096, h_q, d_qk, topk, seed)
-    assert_route(route, args)
     got = paged_fwd(**args, **poisoned_outputs(s_q, h_q))
     assert_matches_reference(got, args, f"seed={seed} s_q={s_q} h_q={h_q} d_qk={d_qk} topk={topk}")
 
 
 @pytest.mark.parametrize("d_qk, topk", [(576, 2048), (512, 512)])
-def test_paged_error_is_below_the_engines_path(paged_fwd, prefill_fwd, seed, route, d_qk, topk):
+def test_paged_error_is_below_the_engines_path(paged_fwd, prefill_fwd, seed, d_qk, topk):
     """The same cache through the engines' path (requantize the request's rows at scale 1.0, then the
     contiguous kernel): its error against the same reference is the bar."""
     s_q, h_q, tokens = 64, 64, 4096
@@ -115,7 +98,7 @@ def test_paged_error_is_below_the_engines_path(paged_fwd, prefill_fwd, seed, rou
 
 @pytest.mark.parametrize("options", [dict(invalid="hostile", all_invalid_rows=3), dict(invalid="mixed"),
                                      dict(topk_length="random", attn_sink="special")])
-def test_paged_invalid_slots_lengths_and_sinks(paged_fwd, seed, route, options):
+def test_paged_invalid_slots_lengths_and_sinks(paged_fwd, seed, options):
     args, _, _ = paged_call(96, 3000, 64, 576, 2048, seed, **options)
     got = paged_fwd(**args, **poisoned_outputs(96, 64))
     assert_matches_reference(got, args, f"seed={seed} {options}")
@@ -131,7 +114,7 @@ def test_paged_free_block_stride_and_any_byte_dtype(paged_fwd, seed):
     assert all(torch.equal(x, y) for x, y in zip(got, again))
 
 
-def test_paged_unwritten_rows_read_as_zero(paged_fwd, seed, route):
+def test_paged_unwritten_rows_read_as_zero(paged_fwd, seed):
     """All-zero rows (scales 0: an unwritten page) are keys and values of zeros, logit 0."""
     args, _, _ = paged_call(32, 2048, 64, 576, 2048, seed)
     cache = args["kv_cache"].clone()
@@ -142,7 +125,7 @@ def test_paged_unwritten_rows_read_as_zero(paged_fwd, seed, route):
     assert_matches_reference(paged_fwd(**args), args, f"seed={seed}")
 
 
-def test_paged_nan_row_reaches_only_its_tokens(paged_fwd, seed, route):
+def test_paged_nan_row_reaches_only_its_tokens(paged_fwd, seed):
     args, _, _ = paged_call(48, 4096, 64, 576, 2048, seed)
     cache = args["kv_cache"].clone()
     row = int(args["indices"][5, 0, 17])
@@ -165,7 +148,7 @@ def test_paged_batch_invariant_rows(paged_fwd, seed):
             assert torch.equal(x, y[lo:hi]), f"rows {lo}:{hi}; seed={seed}"
 
 
-def test_paged_cuda_graph_replay(paged_fwd, seed, route):
+def test_paged_cuda_graph_replay(paged_fwd, seed):
     args, _, _ = paged_call(16, 4096, 128, 576, 2048, seed)  # a split call: its scratch in the graph
     expected = paged_fwd(**args)
     outputs = poisoned_outputs(16, 128)
@@ -213,7 +196,7 @@ def test_paged_under_torch_compile(paged_fwd, seed):
 
 
 @pytest.mark.parametrize("h_q", [8, 16, 24, 32])
-def test_paged_token_groups(paged_fwd, seed, route, h_q, monkeypatch):
+def test_paged_token_groups(paged_fwd, seed, h_q, monkeypatch):
     """Neighbouring tokens' overlapping selections (realistic-glm, causal, no duplicates): groups form
     (the pre-pass says so) and the grouped tile reads the paged rows."""
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
@@ -232,7 +215,7 @@ def test_paged_token_groups(paged_fwd, seed, route, h_q, monkeypatch):
 
 
 @pytest.mark.parametrize("h_q", [8, 16, 32])
-def test_paged_nan_row_stays_out_of_its_token_group(paged_fwd, seed, route, h_q, monkeypatch):
+def test_paged_nan_row_stays_out_of_its_token_group(paged_fwd, seed, h_q, monkeypatch):
     """A NaN scale in a row one token of a group selects: that token's outputs are NaN, its group's
     other tokens' are finite and match the reference."""
     monkeypatch.setenv("SPARSE_MLA_TOKEN_GROUPS", "always")
@@ -258,50 +241,3 @@ def test_paged_nan_row_stays_out_of_its_token_group(paged_fwd, seed, route, h_q,
     clean = dict(args, q=args["q"][~poisoned].contiguous(), indices=indices[~poisoned].contiguous())
     ref = reference_prefill_paged(clean["q"], cache, clean["indices"], args["sm_scale"], args["q_scale"])
     assert relative_error(out[~poisoned], ref[0]) < PAGED_OUT_TOL, f"seed={seed}"
-
-
-@pytest.mark.parametrize("d_qk, topk", [(576, 2048), (512, 512)])
-def test_converting_route_writes_the_modelled_rows(seed, d_qk, topk):
-    """The converting entry alone: the call's scale is call_scale's, each named row lands at its rank
-    among the named rows (increasing row order) as requantized_rows' bytes at that scale, tiles of a
-    NaN or inf scale as NaN; each slot names its row's rank, -1 where invalid or past topk_length."""
-    s_q = 40
-    args, _, _ = paged_call(s_q, 3000, 16, d_qk, topk, seed, invalid="mixed", topk_length="random")
-    cache = args["kv_cache"].clone()
-    flat_cache = cache.view(-1, 656)
-    named = args["indices"][0, 0, :8]
-    named = named[(named >= 0) & (named < flat_cache.shape[0])].long()
-    flat_cache[named[0], 516:520] = torch.tensor([0, 0, 0xC0, 0x7F], dtype=torch.uint8)  # tile 1: NaN
-    flat_cache[named[1], 524:528] = torch.tensor([0, 0, 0x80, 0x7F], dtype=torch.uint8)  # tile 3: inf
-    indices, topk_length = args["indices"], args["topk_length"]
-    rows = flat_cache.shape[0]
-    capacity = min(rows, s_q * topk)
-    kv = torch.full((capacity, 1, d_qk), 0.5, dtype=torch.float32, device="cuda").to(torch.float8_e4m3fn)
-    converted = torch.full_like(indices, 7)
-    kv_scale = torch.full((1,), float("nan"), device="cuda")
-    scratch = torch.full((convert_scratch_bytes(rows),), 0xA5, dtype=torch.uint8, device="cuda")
-    module = get_module(KernelKey(d_qk=d_qk, topk=topk))
-    getattr(module, PAGED_CONVERT_FUNCTION)(cache, indices, topk_length, kv, converted, kv_scale, scratch)
-    torch.cuda.synchronize()
-    scale = call_scale(cache, indices, topk_length, d_qk)
-    assert torch.equal(kv_scale, scale), (kv_scale, scale)
-    slot = torch.arange(topk, device="cuda")[None, :]
-    flat = indices[:, 0, :].long()
-    valid = (flat >= 0) & (flat < rows) & (slot < topk_length.long()[:, None])
-    distinct = flat[valid].unique()
-    expected = torch.full_like(flat, -1)
-    expected[valid] = torch.searchsorted(distinct, flat[valid])
-    assert torch.equal(converted[:, 0, :].long(), expected)
-    values, _ = requantized_rows(cache, d_qk, scale)
-    want = values[distinct].float().to(torch.float8_e4m3fn).view(torch.uint8)
-    got = kv[:distinct.numel(), 0].view(torch.uint8)
-    assert torch.equal(got, want), f"{int((got != want).sum())} bytes differ; seed={seed}"
-    assert torch.isnan(values[named[0], 128:256]).all() and torch.isnan(values[named[1], 384:512]).all()
-
-
-def test_a_call_past_the_workspace_limit_converts_per_visit(paged_fwd, seed, monkeypatch):
-    """Past CONVERTED_ROWS_MAX rows the call takes no workspace and converts per visit, correctly."""
-    args, _, _ = paged_call(64, 4096, 64, 576, 2048, seed)
-    monkeypatch.setattr(launch, "CONVERTED_ROWS_MAX", 4095)
-    assert converted_rows(args["kv_cache"].shape[0] * BLOCK, 64, 2048, False) == 0
-    assert_matches_reference(paged_fwd(**args, **poisoned_outputs(64, 64)), args, f"seed={seed}")

@@ -1,8 +1,7 @@
 """Environment: where the cache lives, which switches are set, where the toolchain and headers are.
 
 Read when a kernel is looked up (a miss in the in-process memo), never with a subprocess: a cache hit
-must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVARIANT``, ``SPARSE_MLA_TOKEN_GROUPS`` and (paged
-calls) ``SPARSE_MLA_PAGED_CONVERT`` (dict lookups).
+must not start one. The switches read on every call are ``SPARSE_MLA_BATCH_INVARIANT`` and ``SPARSE_MLA_TOKEN_GROUPS`` (dict lookups).
 Each switch is checked where it is read: a value it does not accept raises
 :class:`~sparse_mla.errors.ConfigurationError` naming the variable and the accepted values, and a kernel
 lookup checks them all (:func:`check_switches`) before it loads or compiles anything. A set ``CUDA_HOME``
@@ -19,7 +18,6 @@ toolkit.
 | ``SPARSE_MLA_JIT_VERBOSE=1`` | log the compiler commands and their full output |
 | ``SPARSE_MLA_BATCH_INVARIANT=1`` | every call runs in the batch-invariant mode (``batch_invariant=True``, see :mod:`sparse_mla.api`) unless it passes ``batch_invariant=False`` |
 | ``SPARSE_MLA_TOKEN_GROUPS`` | ``auto`` (default), ``always`` or ``never``: whether calls with at most 32 heads run adjacent tokens together over the union of their selections (see :mod:`sparse_mla.launch`); ``always`` and ``never`` are for tests and benchmarks |
-| ``SPARSE_MLA_PAGED_CONVERT`` | ``auto`` (default) or ``never``: whether a paged call may convert the rows it reads once into a workspace and run the contiguous kernel over them (see :mod:`sparse_mla.launch`); ``never`` always converts per visit, in the kernel, and takes no workspace |
 | ``SPARSE_MLA_LOG_LEVEL`` | level of the ``sparse_mla`` logger, read by :mod:`sparse_mla.jit.log` (default ``INFO``); an unknown level is reported on stderr and ignored, since a logging setting is no reason to stop a process |
 | ``CUDA_HOME`` / ``CUDA_PATH`` | the CUDA toolkit to compile with (unset: ``/usr/local/cuda``, then ``nvcc`` on PATH) |
 
@@ -85,19 +83,6 @@ def token_groups() -> str:
     return mode
 
 
-PAGED_CONVERT_MODES = ("auto", "never")
-
-
-def paged_convert() -> str:
-    """``SPARSE_MLA_PAGED_CONVERT``: one of PAGED_CONVERT_MODES (default ``auto``)."""
-    mode = os.environ.get("SPARSE_MLA_PAGED_CONVERT", "auto").strip().lower() or "auto"
-    if mode not in PAGED_CONVERT_MODES:
-        raise ConfigurationError(
-            f"SPARSE_MLA_PAGED_CONVERT must be one of {', '.join(PAGED_CONVERT_MODES)}, got {mode!r} (unset: auto)"
-        )
-    return mode
-
-
 def check_switches() -> None:
     """Reads every switch that changes what a call does, raising ConfigurationError at the first bad
     value: a lookup runs this before it loads or compiles, so that a misspelt switch fails the first
@@ -106,7 +91,6 @@ def check_switches() -> None:
     verbose()
     batch_invariant()
     token_groups()
-    paged_convert()
 
 
 def source_checkout_root() -> Path | None:

@@ -20,7 +20,6 @@ TOKEN_GROUPS_FUNCTION = "token_groups_fwd"  # the token groups' pre-pass alone (
 PAGED_CALL_FUNCTION = "prefill_paged_fwd"  # an ordinary call over the engines' paged FP8 cache
 PAGED_SPLIT_CALL_FUNCTION = "prefill_paged_split_fwd"  # the same with a tail split
 PAGED_GROUPED_CALL_FUNCTION = "prefill_paged_token_groups_fwd"  # the same with token groups
-PAGED_CONVERT_FUNCTION = "prefill_paged_convert_fwd"  # the paged rows a call reads, converted once
 KEY_FUNCTION = "kernel_key"
 # The tvm-ffi error kind of a launch the CUDA runtime refused (include/sparse_mla/entry.cuh, check_launch);
 # the loader maps it to sparse_mla.errors.KernelLaunchError.
@@ -68,7 +67,6 @@ constexpr auto prefill_token_groups_fwd = &sparse_mla::prefill_token_groups_fwd<
 constexpr auto prefill_paged_fwd = &sparse_mla::prefill_paged_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto prefill_paged_split_fwd = &sparse_mla::prefill_paged_split_fwd<{key.d_qk}, {key.topk}>;
 constexpr auto prefill_paged_token_groups_fwd = &sparse_mla::prefill_paged_token_groups_fwd<{key.d_qk}, {key.topk}>;
-constexpr auto prefill_paged_convert_fwd = &sparse_mla::prefill_paged_convert_fwd<{key.d_qk}, {key.topk}>;
 tvm::ffi::String kernel_key() {{ return "{key.name}"; }}
 }}  // namespace
 
@@ -79,6 +77,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC({GROUPED_CALL_FUNCTION}, prefill_token_groups_fwd)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_CALL_FUNCTION}, prefill_paged_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_SPLIT_CALL_FUNCTION}, prefill_paged_split_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_GROUPED_CALL_FUNCTION}, prefill_paged_token_groups_fwd);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC({PAGED_CONVERT_FUNCTION}, prefill_paged_convert_fwd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC({KEY_FUNCTION}, kernel_key);
 """

@@ -11,10 +11,9 @@
   `poisoned_outputs`: NaN-filled preallocated outputs.
 - `quantize_paged_cache`, `dequantize_paged_cache`, `random_latent`, `shuffled_block_table`,
   `paged_indices`, `reference_prefill_paged`, `engine_requantized_kv`, `requantized_rows`,
-  `requantized_keys`, `call_scale`: the serving engines' 656-byte FP8 paged cache (format, writer, exact
-  reader, scattered blocks), the float64 reference over it, the engines' gather-dequantize-requantize-to-
-  scale-1.0 path, and the paged call's own requantization (each row to its scale in the kernel, or every
-  row to the call's one scale on the converting route: the keys it reads).
+  `requantized_keys`: the serving engines' 656-byte FP8 paged cache (format, writer, exact reader,
+  scattered blocks), the float64 reference over it, the engines' gather-dequantize-requantize-to-scale-1.0
+  path, and the paged kernel's own requantization of each row to one scale (the keys it reads).
 - `as_paged_call`, `as_read_inputs`: a contiguous call as the same call over a paged cache, and a paged
   call as the contiguous keywords over the keys the kernel reads (for the acceptance rule).
 - `realistic_indices`, `index_overlap_stats`, `PRESETS`: indexer-like selections and their overlap.
@@ -60,7 +59,6 @@ from sparse_mla.testing.paged_cache import (
     PAGED_ROW_BYTES,
     as_paged_call,
     as_read_inputs,
-    call_scale,
     dequantize_paged_cache,
     engine_requantized_kv,
     paged_indices,
@@ -90,7 +88,6 @@ __all__ = [
     "as_paged_call",
     "as_read_inputs",
     "assert_close_to_reference",
-    "call_scale",
     "default_out_tolerance",
     "dequantize_paged_cache",
     "engine_requantized_kv",

@@ -44,7 +44,6 @@ __all__ = [
     "PAGED_ROW_BYTES",
     "as_paged_call",
     "as_read_inputs",
-    "call_scale",
     "dequantize_paged_cache",
     "engine_requantized_kv",
     "paged_indices",
@@ -64,7 +63,6 @@ _TILES = NOPE_DIM // TILE
 _SCALES_AT = NOPE_DIM  # byte offset of the 4 float32 scales
 _ROPE_AT = _SCALES_AT + 4 * _TILES  # byte offset of the 64 bfloat16 rope values
 _FLT_MIN = torch.finfo(torch.float32).tiny  # the scale of an all-zero tile
-_INV_E4M3_MAX = float(torch.tensor(1.0 / FP8_E4M3_MAX, dtype=torch.float32))  # the kernels' 1.f / 448.f
 
 
 def quantize_paged_cache(
@@ -221,94 +219,52 @@ def reference_prefill_paged(
 MIN_ROW_SCALE = 2.0**-100
 
 
-def requantized_rows(kv_cache: torch.Tensor, d_qk: int = 576,
-                     scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def requantized_rows(kv_cache: torch.Tensor, d_qk: int = 576) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's requantization of every row of ``kv_cache``, as a float model of
     include/sparse_mla/sm90/prefill/gather.cuh (requantize_row): each row's scale sigma is the largest of
     its 4 tile scales and (d_qk 576) its rope's amax / 448, at least ``MIN_ROW_SCALE`` (NaN stays NaN);
     the tiles whose scale is sigma keep their e4m3 values, every other tile's values are multiplied by
-    scale * (1 / sigma) in fp16 (the factor rounded to fp16 too) and rounded to e4m3, the rope multiplied
-    by 1 / sigma in float32 and rounded to e4m3. ``scale`` (one float32): every row at that one scale instead, as the
-    converting route (convert.cuh; `call_scale`) writes them, where a tile whose scale is not finite
-    reads as NaN. Returns ``(values, sigma)``: float64 ``[rows, d_qk]`` (the e4m3 values at scale sigma)
-    and float64 ``[rows]``; ``values * sigma`` is the key the kernel reads."""
+    scale / sigma in fp16 (the factor rounded to fp16 too) and rounded to e4m3, the rope divided by sigma
+    in float32 and rounded to e4m3. Returns ``(values, sigma)``: float64 ``[rows, d_qk]`` (the e4m3
+    values at scale sigma) and float64 ``[rows]``; ``values * sigma`` is the key the kernel reads."""
     rows = kv_cache.view(torch.uint8).reshape(-1, PAGED_ROW_BYTES)
     nope = rows[:, :_SCALES_AT].contiguous().view(torch.float8_e4m3fn).reshape(-1, _TILES, TILE)
     scales = rows[:, _SCALES_AT:_ROPE_AT].contiguous().view(torch.float32)
-    rope = rows[:, _ROPE_AT:].contiguous().view(torch.bfloat16).float() if d_qk > NOPE_DIM else None
-    if scale is None:
-        sigma = _row_scales(scales, rope)
-    else:
-        sigma = scale.to(scales.device, torch.float32).reshape(1).expand(scales.shape[0])
-    factor = (scales * torch.reciprocal(sigma)[:, None]).half()  # as the kernels: s * (1 / sigma), 1 / sigma rounded
+    sigma = scales.amax(dim=1)
+    sigma = torch.where(scales.isnan().any(dim=1), torch.nan, sigma)
+    rope = None
+    if d_qk > NOPE_DIM:
+        rope = rows[:, _ROPE_AT:].contiguous().view(torch.bfloat16).float()
+        amax = rope.abs().amax(dim=1)
+        sigma = torch.where(rope.isnan().any(dim=1), torch.nan, torch.maximum(sigma, amax / FP8_E4M3_MAX))
+    sigma = torch.where(sigma.isnan() | (sigma >= MIN_ROW_SCALE), sigma, torch.full_like(sigma, MIN_ROW_SCALE))
+    factor = (scales / sigma[:, None]).half()
     scaled = (nope.half() * factor[:, :, None]).float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     kept = (scales == sigma[:, None])[:, :, None]
-    values = torch.where(kept, nope.double(), scaled.double())
-    if scale is not None:
-        values = torch.where(scales.isfinite()[:, :, None], values, torch.nan)
-    values = values.reshape(-1, NOPE_DIM)
+    values = torch.where(kept, nope.double(), scaled.double()).reshape(-1, NOPE_DIM)
     if rope is not None:
-        rope_e4m3 = (rope * torch.reciprocal(sigma)[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+        rope_e4m3 = (rope * (1.0 / sigma[:, None])).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
         values = torch.cat([values, rope_e4m3.double()], dim=1)
     return values, sigma.double()
 
 
-def _row_scales(scales: torch.Tensor, rope: Optional[torch.Tensor]) -> torch.Tensor:
-    """Each row's scale sigma, as requantized_rows describes it (float32)."""
-    sigma = scales.amax(dim=1)
-    sigma = torch.where(scales.isnan().any(dim=1), torch.nan, sigma)
-    if rope is not None:
-        amax = rope.abs().amax(dim=1)
-        sigma = torch.where(rope.isnan().any(dim=1), torch.nan, torch.maximum(sigma, amax * _INV_E4M3_MAX))
-    return torch.where(sigma.isnan() | (sigma >= MIN_ROW_SCALE), sigma, torch.full_like(sigma, MIN_ROW_SCALE))
-
-
-def call_scale(kv_cache: torch.Tensor, indices: torch.Tensor, topk_length: Optional[torch.Tensor] = None,
-               d_qk: int = 576) -> torch.Tensor:
-    """The one scale at which the converting route (include/sparse_mla/sm90/prefill/convert.cuh) writes a
-    call's rows: the largest row scale of the rows its valid slots name, each over the finite ones of
-    its tile scales and rope amax / 448, at least ``MIN_ROW_SCALE``. Returns one float32."""
-    rows = kv_cache.view(torch.uint8).reshape(-1, PAGED_ROW_BYTES)
-    flat = indices.reshape(indices.shape[0], -1).long()
-    valid = (flat >= 0) & (flat < rows.shape[0])
-    if topk_length is not None:
-        valid &= torch.arange(flat.shape[1], device=flat.device)[None, :] < topk_length.long()[:, None]
-    named = rows[flat[valid].unique()]
-    if named.shape[0] == 0:
-        return torch.full((1,), MIN_ROW_SCALE, dtype=torch.float32, device=kv_cache.device)
-    scales = named[:, _SCALES_AT:_ROPE_AT].contiguous().view(torch.float32)
-    largest = torch.where(scales.isfinite(), scales, torch.zeros_like(scales)).amax(dim=1)
-    if d_qk > NOPE_DIM:
-        rope = named[:, _ROPE_AT:].contiguous().view(torch.bfloat16).float().abs()
-        amax = torch.where(rope.isnan(), torch.zeros_like(rope), rope).amax(dim=1)
-        largest = torch.maximum(largest, torch.where(amax.isfinite(), amax, torch.zeros_like(amax)) * _INV_E4M3_MAX)
-    return largest.amax().clamp(min=MIN_ROW_SCALE).reshape(1)
-
-
-def requantized_keys(kv_cache: torch.Tensor, d_qk: int = 576, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The keys the paged kernel reads, row for row (`requantized_rows`' values times their sigma), or with
-    ``scale`` the converting route's: float32 ``[rows, 1, d_qk]``. With a kv_scale of 1 they stand in for
-    kv in `reference_prefill` and `error_model` (`as_read_inputs`), which holds a paged call to the
-    contiguous call's acceptance rule over the rows it actually multiplies; `requantized_rows` bounds how
-    far those lie from the cache's own values."""
-    values, sigma = requantized_rows(kv_cache, d_qk, scale)
+def requantized_keys(kv_cache: torch.Tensor, d_qk: int = 576) -> torch.Tensor:
+    """The keys the paged kernel reads, row for row (`requantized_rows`' values times their sigma):
+    float32 ``[rows, 1, d_qk]``. With a kv_scale of 1 they stand in for kv in `reference_prefill` and
+    `error_model` (`as_read_inputs`), which holds a paged call to the contiguous call's acceptance rule
+    over the rows it actually multiplies; `requantized_rows` bounds how far those lie from the cache's
+    own values."""
+    values, sigma = requantized_rows(kv_cache, d_qk)
     return (values * sigma[:, None]).float().unsqueeze(1)
 
 
 def as_read_inputs(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
                    q_scale: torch.Tensor, d_v: int = 512, attn_sink: Optional[torch.Tensor] = None,
-                   topk_length: Optional[torch.Tensor] = None, batch_invariant: bool = False) -> dict:
+                   topk_length: Optional[torch.Tensor] = None) -> dict:
     """A paged call's arguments as the contiguous call's keywords over the keys the kernel reads
-    (`requantized_keys`, kv_scale 1), on the route the call takes (`sparse_mla.launch.converted_rows`:
-    converted once at `call_scale`, or per visit): for `reference_prefill`, `error_model` and so
+    (`requantized_keys`, kv_scale 1): for `reference_prefill`, `error_model` and so
     `assert_close_to_reference`."""
-    from sparse_mla.launch import converted_rows
-
-    d_qk = q.shape[-1]
-    cache_rows = kv_cache.shape[0] * kv_cache.shape[1]
-    converting = converted_rows(cache_rows, q.shape[0], indices.shape[-1], batch_invariant) > 0
-    scale = call_scale(kv_cache, indices, topk_length, d_qk) if converting else None
-    return dict(q=q, kv=requantized_keys(kv_cache, d_qk, scale), indices=indices, sm_scale=sm_scale,
+    return dict(q=q, kv=requantized_keys(kv_cache, q.shape[-1]), indices=indices, sm_scale=sm_scale,
                 q_scale=q_scale, kv_scale=torch.ones(1, dtype=torch.float32, device=q.device), d_v=d_v,
                 attn_sink=attn_sink, topk_length=topk_length)
 
