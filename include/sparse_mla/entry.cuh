@@ -153,21 +153,13 @@ void check_token_group_lists(int64_t s_q, int64_t group_size, const DLDevice& de
 }
 
 // A call's scratch memory (the tail split's parts and counters, the token groups' lists): one uint8
-// tensor of at least the bytes its layout below needs, at a 16-byte boundary, carved here, every piece
-// at a 16-byte boundary (the merge moves float4s). The entry allocates it (`given` None) through
-// tvm-ffi's environment allocator: for torch arguments torch's caching allocator on the current stream
-// (so a CUDA graph captures it into its pool), at a fraction of the host time of an allocation in
-// Python. It lives in `owned` until the entry returns, when the launches that use it are queued on that
-// stream, so the allocator hands it out again only to work queued after them. A test may pass its own,
-// as launch.py's scratch_bytes sizes it.
+// tensor of at least the bytes its layout below needs, at a 16-byte boundary, which the Python side
+// takes from torch's caching allocator in one allocation (each costs the host microseconds) and the
+// entry carves, every piece at a 16-byte boundary (the merge moves float4s). launch.py's
+// scratch_bytes computes the same sizes.
 constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-inline uint8_t* scratch_of(const ffi::Optional<ffi::TensorView>& given, int64_t bytes, const DLDevice& device,
-                           ffi::Tensor& owned) {
-  if (!given.has_value()) {
-    owned = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({bytes}), DLDataType{kDLUInt, 8, 1}, device);
-  }
-  const ffi::TensorView scratch = given.has_value() ? *given : ffi::TensorView(owned);
+inline uint8_t* scratch_of(const ffi::TensorView& scratch, int64_t bytes, const DLDevice& device) {
   check_tensor(scratch, "scratch", device, kDLUInt, 8, {-1});
   uint8_t* const base = data_of<uint8_t>(scratch);
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) {
@@ -364,10 +356,9 @@ PrefillParams paged_prefill_params(const ffi::TensorView& q, const ffi::TensorVi
 
 // A tail split (sm90/prefill/split.cuh) into `params` of an ordinary call: the work items from
 // split_begin on cut into split_parts (2 .. MAX_SPLIT_PARTS) parts, whose states and counters `scratch`
-// holds (scratch_of, which allocates it into `owned` where the caller passed none).
+// holds (scratch_of).
 inline void set_tail_split(PrefillParams& params, int64_t split_begin, int64_t split_parts,
-                           const ffi::Optional<ffi::TensorView>& scratch, const DLDevice& device,
-                           ffi::Tensor& owned) {
+                           const ffi::TensorView& scratch, const DLDevice& device) {
   using sm90::prefill::MAX_SPLIT_PARTS;
   const int64_t items = params.split_begin;
   const int64_t split_items = items - split_begin;
@@ -377,7 +368,7 @@ inline void set_tail_split(PrefillParams& params, int64_t split_begin, int64_t s
                               << split_parts << " for " << items << " work items";
   }
   const int64_t workspace_bytes = split_workspace_bytes(split_items, split_parts);
-  uint8_t* const base = scratch_of(scratch, workspace_bytes + split_items * 4, device, owned);
+  uint8_t* const base = scratch_of(scratch, workspace_bytes + split_items * 4, device);
   params.split_begin = static_cast<int>(split_begin);
   params.split_parts = static_cast<int>(split_parts);
   params.split_workspace = reinterpret_cast<float*>(base);
@@ -418,18 +409,17 @@ void prefill_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices,
 
 // A call with a tail split (sm90/prefill/split.cuh), arguments as prefill_fwd's, then: the work items
 // (items = s_q * ceil(h_q / 64)) from split_begin on are cut into split_parts (2 .. MAX_SPLIT_PARTS)
-// parts; `scratch` (detail::scratch_of; None: the entry allocates it) holds the parts' states and the
-// counters, which the launch zeroes first.
+// parts; `scratch` (detail::scratch_of) holds the parts' states and the counters, which the launch
+// zeroes first.
 template <int D_QK, int TOPK>
 void prefill_split_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::TensorView indices, ffi::TensorView q_scale,
                        ffi::TensorView kv_scale, ffi::Optional<ffi::TensorView> attn_sink,
                        ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out, ffi::TensorView max_logits,
                        ffi::TensorView lse, double sm_scale, int64_t split_begin, int64_t split_parts,
-                       ffi::Optional<ffi::TensorView> scratch) {
+                       ffi::TensorView scratch) {
   PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
                                                             topk_length, out, max_logits, lse, sm_scale);
-  ffi::Tensor owned_scratch;
-  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device(), owned_scratch);
+  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device());
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
   detail::check_launch(sm90::launch_prefill<D_QK, TOPK>(params, false, detail::current_stream(q.device())),
                        "prefill kernel");
@@ -457,11 +447,10 @@ void prefill_paged_split_fwd(ffi::TensorView q, ffi::TensorView kv_cache, ffi::T
                              ffi::TensorView q_scale, ffi::Optional<ffi::TensorView> attn_sink,
                              ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out,
                              ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale, int64_t split_begin,
-                             int64_t split_parts, ffi::Optional<ffi::TensorView> scratch) {
+                             int64_t split_parts, ffi::TensorView scratch) {
   PrefillParams params = detail::paged_prefill_params<D_QK, TOPK>(q, kv_cache, indices, q_scale, attn_sink,
                                                                   topk_length, out, max_logits, lse, sm_scale);
-  ffi::Tensor owned_scratch;
-  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device(), owned_scratch);
+  detail::set_tail_split(params, split_begin, split_parts, scratch, q.device());
   ffi::CUDADeviceGuard device_guard(q.device().device_id);
   detail::check_launch(sm90::launch_prefill<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(
                            params, false, detail::current_stream(q.device())),
@@ -532,11 +521,10 @@ namespace detail {
 template <int D_QK, int TOPK, sm90::prefill::KvLayout LAYOUT>
 void launch_token_groups_call(PrefillParams params, const ffi::TensorView& q, const ffi::TensorView& indices,
                               const ffi::Optional<ffi::TensorView>& topk_length, int64_t group_size,
-                              double max_union_ratio, const ffi::Optional<ffi::TensorView>& scratch) {
+                              double max_union_ratio, const ffi::TensorView& scratch) {
   check_group_size<TOPK>(q.size(1), group_size);  // before the layout, which assumes a sane group
   const TokenGroupLayout layout = token_group_layout<TOPK>(q.size(0), group_size);
-  ffi::Tensor owned_scratch;
-  uint8_t* const base = scratch_of(scratch, layout.bytes, q.device(), owned_scratch);
+  uint8_t* const base = scratch_of(scratch, layout.bytes, q.device());
   const TokenGroupLists lists{reinterpret_cast<uint64_t*>(base), reinterpret_cast<int32_t*>(base + layout.indices_at),
                               reinterpret_cast<int32_t*>(base + layout.length_at),
                               reinterpret_cast<int32_t*>(base + layout.units_at)};
@@ -558,7 +546,7 @@ void launch_token_groups_call(PrefillParams params, const ffi::TensorView& q, co
 }  // namespace detail
 
 // A token-grouped call, arguments as prefill_fwd's, then group_size and max_union_ratio as
-// token_groups_fwd's and `scratch` (detail::scratch_of; None: the entry allocates it), which holds the lists: the pre-pass into the
+// token_groups_fwd's and `scratch` (detail::scratch_of), which holds the lists: the pre-pass into the
 // lists, then the grouped launch and the launch of the other groups' tokens, with no tail split, in
 // one crossing of the FFI (each crossing converts and checks its arguments again). The only entries
 // that launch the grouped tile (this and its paged twin): its lists are always the pre-pass's of this
@@ -568,7 +556,7 @@ void prefill_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv, ffi::Tensor
                               ffi::TensorView q_scale, ffi::TensorView kv_scale,
                               ffi::Optional<ffi::TensorView> attn_sink, ffi::Optional<ffi::TensorView> topk_length,
                               ffi::TensorView out, ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
-                              int64_t group_size, double max_union_ratio, ffi::Optional<ffi::TensorView> scratch) {
+                              int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
   const PrefillParams params = detail::prefill_params<D_QK, TOPK>(q, kv, indices, q_scale, kv_scale, attn_sink,
                                                                   topk_length, out, max_logits, lse, sm_scale);
   detail::launch_token_groups_call<D_QK, TOPK, sm90::prefill::KvLayout::kContiguous>(
@@ -582,7 +570,7 @@ void prefill_paged_token_groups_fwd(ffi::TensorView q, ffi::TensorView kv_cache,
                                     ffi::TensorView q_scale, ffi::Optional<ffi::TensorView> attn_sink,
                                     ffi::Optional<ffi::TensorView> topk_length, ffi::TensorView out,
                                     ffi::TensorView max_logits, ffi::TensorView lse, double sm_scale,
-                                    int64_t group_size, double max_union_ratio, ffi::Optional<ffi::TensorView> scratch) {
+                                    int64_t group_size, double max_union_ratio, ffi::TensorView scratch) {
   const PrefillParams params = detail::paged_prefill_params<D_QK, TOPK>(q, kv_cache, indices, q_scale, attn_sink,
                                                                         topk_length, out, max_logits, lse, sm_scale);
   detail::launch_token_groups_call<D_QK, TOPK, sm90::prefill::KvLayout::kPaged>(

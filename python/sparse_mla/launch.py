@@ -2,9 +2,9 @@
 
 A call's plan (:class:`Plan`) is decided from its shape, its GPU and its mode alone, never from tensor
 values, once per (shape, device, mode): which module entry runs (an ordinary call, a tail split, token
-groups), which tiles it launches and what scratch memory it takes. :func:`launch` looks the plan up
-and crosses into the module once; the module allocates that scratch memory from torch's caching
-allocator on the current stream and launches on the caller's current CUDA stream. The arguments were
+groups), which tiles it launches and what scratch memory it takes. :func:`launch` looks the plan up,
+allocates that scratch memory from torch's caching allocator on the current stream and crosses into
+the module once; the module launches on the caller's current CUDA stream. The arguments were
 validated by :mod:`sparse_mla.validate`; nothing here synchronizes the device or waits for it.
 
 Token groups (``include/sparse_mla/sm90/prefill/token_groups/``): with at most 32 heads, a 64-row
@@ -258,21 +258,21 @@ def launch(args: PrefillArgs) -> None:
 
 
 def execute(call_plan: Plan, function: Callable[..., Any], args: PrefillArgs) -> None:
-    """Calls ``function``, the module entry ``call_plan.entry``, on ``args``. A split or grouped entry
-    allocates its scratch memory itself (``call_plan.scratch_bytes``; include/sparse_mla/entry.cuh,
-    scratch_of): one allocation per call from torch's caching allocator on the current stream (so that
-    a concurrent call on another stream gets its own and a CUDA graph captures it), through tvm-ffi's
-    environment allocator, which costs the host less than an allocation here. The module zeroes the
-    counters in it in a kernel ahead of the prefill kernel's launch, which a CUDA graph captures with
-    it, so every replay starts from zero. The paged entries take no kv_scale (``args.kv_scale``
-    None)."""
+    """Calls ``function``, the module entry ``call_plan.entry``, on ``args`` with the plan's scratch
+    memory: one allocation per call from torch's caching allocator on the current stream (so that a
+    concurrent call on another stream gets its own and a CUDA graph captures it), which the entry
+    carves. The module zeroes the counters in it in a kernel ahead of the prefill kernel's launch, which
+    a CUDA graph captures with it, so every replay starts from zero. The paged entries take no
+    kv_scale (``args.kv_scale`` None)."""
     entry_args = args[:ENTRY_ARGS] if args.kv_scale is not None else (*args[:4], *args[5:ENTRY_ARGS])
     if call_plan.scratch_bytes == 0:
         function(*entry_args)
-    elif call_plan.group_size > 1:
-        function(*entry_args, call_plan.group_size, call_plan.max_union_ratio, None)
+        return
+    scratch = args.q.new_empty((call_plan.scratch_bytes,), dtype=torch.uint8)
+    if call_plan.group_size > 1:
+        function(*entry_args, call_plan.group_size, call_plan.max_union_ratio, scratch)
     else:
-        function(*entry_args, call_plan.split_begin, call_plan.split_parts, None)
+        function(*entry_args, call_plan.split_begin, call_plan.split_parts, scratch)
 
 
 def token_group_list_shapes(s_q: int, group: int, topk: int) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:

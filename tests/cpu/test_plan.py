@@ -147,23 +147,22 @@ def test_a_refused_launch_raises_kernel_launch_error(tmp_path):
 
 @pytest.mark.parametrize("s_q, h_q, token_groups", [(437, 64, "auto"), (16, 16, "auto"), (4096, 16, "auto"),
                                                   (300, 8, "always")])
-def test_a_split_or_grouped_entry_allocates_its_own_scratch(s_q, h_q, token_groups):
-    """A split or grouped call passes its entry the plan's two scalars and no scratch (None: the entry
-    allocates the plan's scratch_bytes itself, entry.cuh's scratch_of); an ordinary call passes
-    neither."""
+def test_a_call_takes_its_scratch_in_one_allocation(s_q, h_q, token_groups):
+    """A split or grouped call passes its entry one uint8 tensor of the plan's scratch_bytes, at a
+    16-byte boundary, after the plan's two scalars; an ordinary call passes none."""
     calls = []
     q = torch.empty((s_q, h_q, 576), dtype=torch.float8_e4m3fn)
     args = PrefillArgs(q, *([None] * 9), 0.04, False)
     call_plan = launch.plan(s_q, h_q, 2048, H100_SMS, False, token_groups)
     launch.execute(call_plan, lambda *entry_args: calls.append(entry_args), args)
     (entry_args,) = calls
-    assert call_plan.entry in (SPLIT_CALL_FUNCTION, GROUPED_CALL_FUNCTION) and call_plan.scratch_bytes > 0
+    assert call_plan.entry in (SPLIT_CALL_FUNCTION, GROUPED_CALL_FUNCTION)
     scalars = (call_plan.group_size, call_plan.max_union_ratio) if call_plan.entry == GROUPED_CALL_FUNCTION else \
         (call_plan.split_begin, call_plan.split_parts)
-    assert entry_args[-3:] == (*scalars, None)
-    whole = launch.plan(64, 128, 2048, H100_SMS, False)
-    launch.execute(whole, lambda *entry_args: calls.append(entry_args), args)
-    assert whole.scratch_bytes == 0 and len(calls[-1]) == len(entry_args) - 3
+    scratch = entry_args[-1]
+    assert entry_args[-3:-1] == scalars
+    assert (scratch.shape, scratch.dtype) == ((call_plan.scratch_bytes,), torch.uint8)
+    assert scratch.data_ptr() % 16 == 0 and call_plan.scratch_bytes > 0
 
 
 def test_the_split_scratch_holds_every_part_and_counter():
