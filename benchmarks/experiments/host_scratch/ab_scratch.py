@@ -1,4 +1,4 @@
-"""Exp 140 A/B in one process: a split/grouped call's scratch allocated in Python (before) or by the entry (after)."""
+"""Experiment 140 A/B in one process (run from the patched tree): a split or grouped call's scratch allocated in Python (before) or by the entry (after)."""
 import os, sys, torch
 sys.path.insert(0, "benchmarks")
 from overhead import ROWS, host_times, sleep_cycles_for, D_QK, TOPK, D_V
