@@ -69,7 +69,8 @@ def assert_matches_reference(got, args, message):
     # Not the contiguous call's per-(row, head) rule over the keys the kernel reads (as_read_inputs): on
     # these caches (tiles spread 2^10) both the paged and the contiguous kernel read the logits 0.5-1.4%
     # low even where the modelled keys are the cache's own (apparently the FP8 tensor cores'
-    # accumulation; not isolated: docs/lab.md, Experiment 139), beyond the bound that rule allows; the sanitizer's paged case holds the rule with its lse and max_logits bounds off.
+    # accumulation; not isolated: docs/lab.md, Experiment 139), beyond the bound that rule allows. The
+    # sanitizer's paged case holds that rule with its lse and max_logits bounds off.
     return err, ref
 
 
