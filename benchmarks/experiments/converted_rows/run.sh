@@ -1,6 +1,6 @@
-# Experiment 142 on the device, from a tree with converted_rows.patch applied (carry .whl and, if built
-# here, the patched tree's cache as .jc142: prebuild --d-qk 576 --topk 1 7 64 100 512 2048 4096 and
-# --d-qk 512 --topk 64 512 2048 --cache-dir .jc142).
+# Experiment 142 on the device, from a tree with converted_rows.patch applied (carry .whl and the
+# patched tree's cache as .jc142, made here: prebuild --d-qk 576 --topk 2048 and --d-qk 512 --topk 512
+# --cache-dir .jc142, the keys test_paged.py and ab_conversion.py use; 6-7 MB a key).
 source .whl/prelude.sh > /tmp/prelude.txt 2>&1; tail -1 /tmp/prelude.txt
 export SPARSE_MLA_JIT_CACHE_DIR=$PWD/.jc142
 T0=$SECONDS
