@@ -16,10 +16,12 @@ from prefix_hit import D_QK, TOPK, Batch  # noqa: E402
 from sparse_mla import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd  # noqa: E402
 from sparse_mla.testing import interleaved_median_ms, poisoned_outputs, quantize_fp8  # noqa: E402
 
-SHAPES = [  # (requests, context, s_q per request, h_q)
-    (1, 131072, 16, 128), (1, 131072, 16, 16), (1, 8192, 16, 128), (1, 32768, 64, 16), (1, 32768, 64, 128),
-    (1, 32768, 256, 16), (1, 32768, 1024, 128), (1, 32768, 4096, 16), (1, 8192, 4096, 16), (1, 131072, 1024, 16),
-    (8, 32768, 64, 16), (8, 131072, 16, 128),
+SHAPES = [  # (requests, context, s_q per request, h_q, cache blocks: 0 = the batch's own)
+    (1, 131072, 16, 128, 0), (1, 131072, 16, 16, 0), (1, 8192, 16, 128, 0), (1, 32768, 64, 16, 0),
+    (1, 32768, 64, 128, 0), (1, 32768, 256, 16, 0), (1, 32768, 1024, 128, 0), (1, 32768, 4096, 16, 0),
+    (1, 8192, 4096, 16, 0), (1, 131072, 1024, 16, 0), (8, 32768, 64, 16, 0), (8, 131072, 16, 128, 0),
+    # the batch's blocks scattered over a serving pool of 2M rows (two of the mark pass's windows)
+    (1, 32768, 1024, 128, 32768), (1, 131072, 16, 128, 32768),
 ]
 parser = argparse.ArgumentParser()
 parser.add_argument("--iters", type=int, default=30)
@@ -27,9 +29,18 @@ parser.add_argument("--json")
 cli = parser.parse_args()
 print(torch.cuda.get_device_name(), flush=True)
 rows = []
-for requests, context, s_q, h_q in SHAPES:
+for requests, context, s_q, h_q, pool_blocks in SHAPES:
     batch = Batch(requests, context, 0)
     buffer_indices, paged_indices = batch.indices(s_q, 0)
+    cache = batch.cache
+    if pool_blocks:  # block b of the batch's cache becomes block place[b] of the pool
+        g = torch.Generator(device="cuda").manual_seed(1)
+        place = torch.randperm(pool_blocks, device="cuda", generator=g)[:cache.shape[0]]
+        cache = torch.zeros(pool_blocks, *cache.shape[1:], dtype=cache.dtype, device="cuda")
+        cache[place] = batch.cache
+        rows = paged_indices.long()
+        paged_indices = torch.where(rows >= 0, place[rows.clamp(min=0) // 64] * 64 + rows.clamp(min=0) % 64, rows)
+        paged_indices = paged_indices.to(torch.int32)
     tokens = requests * s_q
     g = torch.Generator(device="cuda").manual_seed(0)
     q, q_scale = quantize_fp8(0.2 * torch.randn(tokens, h_q, D_QK, device="cuda", generator=g))
@@ -41,7 +52,7 @@ for requests, context, s_q, h_q in SHAPES:
     def paged(mode):
         def call():
             os.environ["SPARSE_MLA_PAGED_CONVERSION"] = mode
-            sparse_mla_q8kv8_paged_prefill_fwd(q, batch.cache, paged_indices, sm, q_scale, **outs[mode])
+            sparse_mla_q8kv8_paged_prefill_fwd(q, cache, paged_indices, sm, q_scale, **outs[mode])
         return call
 
     contiguous = lambda: sparse_mla_q8kv8_prefill_fwd(q, kv, buffer_indices, sm, q_scale, kv_scale, **outs["contiguous"])  # noqa: E731
@@ -55,18 +66,18 @@ for requests, context, s_q, h_q in SHAPES:
     torch.cuda.synchronize()
     same = all(torch.equal(outs["once"][k].view(torch.uint8), outs["per-visit"][k].view(torch.uint8))
                for k in ("out", "max_logits", "lse"))
-    row = dict(requests=requests, context=context, s_q=s_q, h_q=h_q, bitwise_equal=same,
+    row = dict(requests=requests, context=context, s_q=s_q, h_q=h_q, cache_rows=cache.shape[0] * 64, bitwise_equal=same,
                **{f"{k}_us": v * 1e3 for k, v in t.items()})
     rows.append(row)
-    print(f"{requests}x{context // 1024}K s_q {s_q:>4} h_q {h_q:>3} | pass {row['pass_us']:7.1f} contiguous "
+    print(f"{requests}x{context // 1024}K s_q {s_q:>4} h_q {h_q:>3} pool {cache.shape[0] * 64:>7} | pass {row['pass_us']:7.1f} contiguous "
           f"{row['contiguous_us']:7.1f} (b) {row['(b)_us']:7.1f} | per-visit {row['per-visit_us']:7.1f} once "
           f"{row['once_us']:7.1f} | once/(b) {row['once_us'] / row['(b)_us']:.2f} once/per-visit "
           f"{row['once_us'] / row['per-visit_us']:.2f} | bitwise {same}", flush=True)
-    if (requests, context, s_q, h_q) in ((1, 32768, 4096, 16), (1, 32768, 1024, 128), (1, 131072, 16, 128)):
+    if (requests, context, s_q, h_q) in ((1, 32768, 4096, 16), (1, 32768, 1024, 128), (1, 131072, 16, 128)):  # noqa: E501
         os.environ["SPARSE_MLA_PAGED_CONVERSION"] = "once"
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                sparse_mla_q8kv8_paged_prefill_fwd(q, batch.cache, paged_indices, sm, q_scale, **outs["once"])
+                sparse_mla_q8kv8_paged_prefill_fwd(q, cache, paged_indices, sm, q_scale, **outs["once"])
             torch.cuda.synchronize()
         kernels = {}
         for e in prof.key_averages():
@@ -74,7 +85,7 @@ for requests, context, s_q, h_q in SHAPES:
                 kernels[e.key[:60]] = e.device_time_total / 5 if hasattr(e, "device_time_total") else e.cuda_time_total / 5
         print("   kernels (us a call): " + "; ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items(), key=lambda x: -x[1])), flush=True)
         row["kernels_us"] = kernels
-    del batch, kv
+    del batch, kv, cache
     torch.cuda.empty_cache()
 os.environ.pop("SPARSE_MLA_PAGED_CONVERSION", None)
 if cli.json:
