@@ -14,14 +14,16 @@ from engine_pass import engine_pass  # noqa: E402
 from prefix_hit import D_QK, TOPK, Batch  # noqa: E402
 
 from sparse_mla import sparse_mla_q8kv8_paged_prefill_fwd, sparse_mla_q8kv8_prefill_fwd  # noqa: E402
+from sparse_mla.launch import converted_capacity  # noqa: E402
 from sparse_mla.testing import interleaved_median_ms, poisoned_outputs, quantize_fp8  # noqa: E402
 
 SHAPES = [  # (requests, context, s_q per request, h_q, cache blocks: 0 = the batch's own)
     (1, 131072, 16, 128, 0), (1, 131072, 16, 16, 0), (1, 8192, 16, 128, 0), (1, 32768, 64, 16, 0),
     (1, 32768, 64, 128, 0), (1, 32768, 256, 16, 0), (1, 32768, 1024, 128, 0), (1, 32768, 4096, 16, 0),
     (1, 8192, 4096, 16, 0), (1, 131072, 1024, 16, 0), (8, 32768, 64, 16, 0), (8, 131072, 16, 128, 0),
-    # the batch's blocks scattered over a serving pool of 2M rows (two of the mark pass's windows)
-    (1, 32768, 1024, 128, 32768), (1, 131072, 16, 128, 32768),
+    # the batch's blocks scattered over a serving pool of 2M rows (two of the mark pass's windows); a call
+    # converts once only up to 2^20 workspace rows, min(pool rows, s_q * topk): 512 tokens here
+    (1, 32768, 256, 16, 32768), (1, 131072, 16, 128, 32768),
 ]
 parser = argparse.ArgumentParser()
 parser.add_argument("--iters", type=int, default=30)
@@ -60,6 +62,8 @@ for requests, context, s_q, h_q, pool_blocks in SHAPES:
              "(b)": lambda: sparse_mla_q8kv8_prefill_fwd(q, engine_pass(batch.cache, batch.rows, TOPK), buffer_indices,
                                                          sm, q_scale, kv_scale, **outs["contiguous"]),
              "per-visit": paged("per-visit"), "once": paged("once")}
+    os.environ["SPARSE_MLA_PAGED_CONVERSION"] = "once"
+    assert converted_capacity(cache.shape[0] * 64, tokens, TOPK) > 0, "this shape would convert per visit"
     t = interleaved_median_ms(calls, iters=cli.iters)
     for mode in ("per-visit", "once"):
         paged(mode)()
